@@ -1,0 +1,41 @@
+"""What the engine streams out of one answer: text deltas, 80 ms speech frames, and a closing summary."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INPUT_SAMPLE_RATE = 16_000  # caller audio into the engine: mono float32
+OUTPUT_SAMPLE_RATE = 24_000  # speech out of Code2Wav: mono float32
+FRAME_SAMPLES = 1920  # one codec frame: 80 ms at 24 kHz
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of the answer's transcript, as the Thinker writes it (one token)."""
+
+    text: str
+    token_id: int
+
+
+@dataclass(frozen=True)
+class SpeechFrame:
+    """One 80 ms frame of the spoken answer: FRAME_SAMPLES float32 samples at OUTPUT_SAMPLE_RATE."""
+
+    index: int
+    samples: np.ndarray
+    codes: tuple[int, ...]  # the 16 codebook ids this frame was decoded from
+
+
+@dataclass(frozen=True)
+class ResponseDone:
+    """The answer is over: finished, cut by its length limit, or interrupted (barge-in)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    frames: int
+    interrupted: bool
+    metrics: dict[str, float] = field(default_factory=dict)  # ttfp_ms, ttft_ms, audio_s, frame_ms_p50, ...
+
+
+Event = TextDelta | SpeechFrame | ResponseDone

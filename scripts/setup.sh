@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine: system packages (when root), a virtual environment in .venv, the project and its
+# test tools. Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=(espeak-ng sox chromium)
+missing=()
+for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "setup: installing system packages: ${missing[*]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "setup: not root, skipping system packages: ${missing[*]} (the speech and browser tests need them)" >&2
+    fi
+fi
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+# The CPU build of torch lies on this machine's disk; installing it first keeps pip from fetching a CUDA build.
+.venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==${TORCH_VERSION:-2.13.0}"
+"${pip[@]}" -e ".[test]"
+echo "setup: done (.venv/bin/rtc-agent)"
