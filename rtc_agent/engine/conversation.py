@@ -1,0 +1,297 @@
+"""One session's model-side state: the Thinker's KV cache holding the conversation, the Talker's user context,
+the streaming Code2Wav, and the turn in progress. Everything here runs on the engine's worker thread."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import audio_input
+from .code2wav import StreamingCode2Wav
+from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame, TextDelta
+from .kv_cache import StaticKVCache
+from .options import SessionOptions
+from .sampling import choose
+from .stack import run_stack
+from .talker import TalkerState
+
+
+class TurnTooLongError(ValueError):
+    """The caller's turn does not fit in the context budget, even with every earlier turn dropped."""
+
+
+@dataclass
+class Segment:
+    """A piece of the conversation as the Thinker's cache holds it, kept so the cache can be rebuilt."""
+
+    role: str  # system | user | assistant
+    ids: list[int]
+    audio: list[torch.Tensor] = field(default_factory=list)  # encoder output for the audio placeholders, in order
+    talker_part: torch.Tensor | None = None  # user turns: the Talker's input embeddings for this segment
+
+
+@dataclass
+class TokenIds:
+    im_start: int
+    im_end: int
+    user: int
+    assistant: int
+    system: int
+    newline: int
+    audio: int
+    audio_start: int
+    audio_end: int
+    tts_pad: int
+    tts_bos: int
+    tts_eos: int
+    multimodal: tuple[int, ...]
+
+    @classmethod
+    def from_model(cls, model, tokenizer) -> "TokenIds":
+        c, t = model.config, model.config.thinker_config
+        newline = tokenizer.encode("\n", add_special_tokens=False)
+        if len(newline) != 1:
+            raise ValueError(f"the tokenizer encodes a newline as {newline}, expected one token")
+        return cls(c.im_start_token_id, c.im_end_token_id, c.user_token_id, c.assistant_token_id, c.system_token_id,
+                   newline[0], t.audio_token_id, t.audio_start_token_id, t.audio_end_token_id, c.tts_pad_token_id,
+                   c.tts_bos_token_id, c.tts_eos_token_id, (t.audio_token_id, t.image_token_id, t.video_token_id))
+
+
+class Conversation:
+    def __init__(self, core, options: SessionOptions) -> None:
+        self.core = core
+        self.options = options
+        self.ids: TokenIds = core.ids
+        thinker_cfg = core.model.config.thinker_config.text_config
+        self.cache = StaticKVCache.for_config(thinker_cfg, core.options.context_tokens, core.dtype, core.device)
+        self.talker = TalkerState(core.model, core.options.context_tokens + core.options.max_frames + 16) if core.speech else None
+        self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1) if core.speech else None
+        self.segments: list[Segment] = []
+        self.turn: Segment | None = None  # the user turn being prefilled
+        self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
+        self.generator = torch.Generator(device=core.device)
+        self.generator.manual_seed(options.seed if options.seed is not None else int(torch.seed() % 2**62))
+
+    def apply(self, options: SessionOptions) -> None:
+        """New session options; a new system prompt replaces the old one in the cache from the next turn on."""
+        changed = options.instructions != self.options.instructions
+        self.options = options
+        if changed and self.segments:
+            self.segments[0] = Segment("system", self._system_ids())
+            if self.turn is None:
+                self._rebuild()
+
+    # ----- caller turn -------------------------------------------------------------------------------------
+    def add_audio(self, samples: np.ndarray) -> None:
+        self.pending = np.concatenate((self.pending, samples))
+        chunk = int(self.core.options.prefill_chunk_s * INPUT_SAMPLE_RATE)
+        while chunk and len(self.pending) >= chunk:
+            piece, self.pending = self.pending[:chunk], self.pending[chunk:]
+            self._prefill_user(self._start_turn_ids() + self._audio_ids(piece), piece)
+
+    def has_audio(self) -> bool:
+        return len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.audio))
+
+    def abort_turn(self) -> None:
+        self.pending = np.zeros(0, dtype=np.float32)
+        if self.turn is not None:
+            self.turn = None
+            self._rebuild()
+
+    def _start_turn_ids(self) -> list[int]:
+        if self.turn is not None:
+            return []
+        if not self.segments:
+            self._append(Segment("system", self._system_ids()))
+        self._make_room()
+        self.turn = Segment("user", [])
+        i = self.ids
+        return [i.im_start, i.user, i.newline, i.audio_start]
+
+    def _audio_ids(self, samples: np.ndarray) -> list[int]:
+        features = audio_input.log_mel(self.core.feature_extractor, samples)
+        self._encoded = audio_input.encode(self.core.model.thinker, features)
+        return [self.ids.audio] * self._encoded.shape[0]
+
+    def _prefill_user(self, ids: list[int], samples: np.ndarray | None, trailer: int = 0) -> torch.Tensor:
+        """Prefill a piece of the user turn (plus `trailer` assistant-header ids at its end); returns the logits
+        at its last position."""
+        audio = [self._encoded] if samples is not None else []
+        reserve = self.core.options.max_answer_tokens + 8
+        if self.cache.length + len(ids) + reserve > self.cache.max_len:
+            self.abort_turn()
+            raise TurnTooLongError(
+                f"the caller's turn does not fit in the context budget of {self.cache.max_len} tokens "
+                f"(about {self.cache.max_len // 13} s of audio with room for an answer); it was dropped")
+        hidden, captured, embeds = self._thinker_prefill(ids, audio)
+        user_len = len(ids) - trailer
+        self.turn.ids += ids[:user_len]
+        self.turn.audio += audio
+        if self.talker is not None:
+            part = self._talker_user_part(ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
+            self.talker.prefill_user_part(part)
+            self.turn.talker_part = part if self.turn.talker_part is None else torch.cat((self.turn.talker_part, part), 1)
+        return self.core.model.thinker.lm_head(hidden[:, -1])
+
+    def _thinker_prefill(self, ids: list[int], audio: list[torch.Tensor]):
+        model = self.core.model
+        lm = model.thinker.model.language_model
+        id_tensor = torch.tensor([ids], device=self.core.device)
+        embeds = lm.embed_tokens(id_tensor)
+        if audio:
+            mask = (id_tensor == self.ids.audio).unsqueeze(-1).expand_as(embeds)
+            embeds = embeds.masked_scatter(mask, torch.cat(audio).to(embeds.dtype))
+        capture = model.config.talker_config.accept_hidden_layer if self.talker is not None else None
+        hidden, captured = run_stack(lm, embeds, self.cache, mrope=True, capture_layer=capture)
+        return hidden, captured, embeds
+
+    def _talker_user_part(self, ids: list[int], embeds: torch.Tensor, captured: torch.Tensor) -> torch.Tensor:
+        talker = self.core.model.talker
+        mm = torch.isin(torch.tensor(ids, device=embeds.device), torch.tensor(self.ids.multimodal, device=embeds.device))
+        part = torch.empty(1, len(ids), talker.config.text_config.hidden_size, device=embeds.device, dtype=embeds.dtype)
+        if mm.any():
+            part[0, mm] = talker.hidden_projection(captured[0, mm])
+        part[0, ~mm] = talker.text_projection(embeds[0, ~mm])
+        return part
+
+    def _system_ids(self) -> list[int]:
+        i = self.ids
+        text = self.core.tokenizer.encode(self.options.instructions, add_special_tokens=False)
+        return [i.im_start, i.system, i.newline, *text, i.im_end, i.newline]
+
+    def _append(self, segment: Segment) -> None:
+        """Prefill a whole segment (system or assistant text) into the Thinker's cache."""
+        self._thinker_prefill(segment.ids, segment.audio)
+        self.segments.append(segment)
+
+    # ----- context budget ------------------------------------------------------------------------------------
+    def _make_room(self) -> None:
+        """Before a new turn: if the cache is over half full, drop the oldest turns until it is a quarter full."""
+        limit = self.cache.max_len
+        if self.cache.length <= limit // 2:
+            return
+        while len(self.segments) > 1 and sum(len(s.ids) for s in self.segments) > limit // 4:
+            del self.segments[1]  # the oldest turn after the system prompt
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.cache.crop(0)
+        if self.talker is not None:
+            self.talker.cache.crop(0)
+            self.talker.user_length = 0
+        for segment in self.segments:
+            self._thinker_prefill(segment.ids, segment.audio)
+            if segment.talker_part is not None:
+                self.talker.prefill_user_part(segment.talker_part)
+
+    # ----- answer ----------------------------------------------------------------------------------------------
+    def answer(self) -> Iterator[Event]:
+        """Finish the caller's turn and stream the answer, one step per `next()`; see `Engine` for the timing."""
+        started = time.perf_counter()
+        i, opts = self.ids, self.options
+        tail = self.pending
+        self.pending = np.zeros(0, dtype=np.float32)
+        ids = self._start_turn_ids()
+        has_tail = len(tail) >= audio_input.MEL_HOP
+        if has_tail:
+            ids += self._audio_ids(tail)
+        header = [i.im_start, i.assistant, i.newline]
+        ids += [i.audio_end, i.im_end, i.newline] + header
+        logits = self._prefill_user(ids, tail if has_tail else None, trailer=len(header))
+        self.segments.append(self.turn)
+        self.turn = None
+        answer_start = self.cache.length - len(header)
+
+        tokens: list[int] = []  # generated text tokens, EOS excluded
+        frames = 0
+        frame_times: list[float] = []
+        metrics: dict[str, float] = {}
+        self._interrupted_at: int | None = None
+        token = int(self._choose_text(logits))
+        thinker_done = token == i.im_end
+        if not thinker_done:
+            tokens.append(token)
+            metrics["ttft_ms"] = (time.perf_counter() - started) * 1e3
+            yield TextDelta(self.core.tokenizer.decode([token]), token)
+        try:
+            if self.talker is None:
+                while not thinker_done and len(tokens) < opts.max_answer_tokens and self._interrupted_at is None:
+                    token = self._decode_text(tokens[-1])
+                    if token == i.im_end:
+                        break
+                    tokens.append(token)
+                    yield TextDelta(self.core.tokenizer.decode([token]), token)
+                return
+            thinker_done = thinker_done or len(tokens) >= opts.max_answer_tokens
+            lm = self.core.model.thinker.model.language_model
+            role = self.core.project_text(lm.embed_tokens(torch.tensor([header], device=self.core.device)))
+            first = self.core.project_text(lm.embed_tokens(torch.tensor([[token]], device=self.core.device)))
+            text_after_end = 0  # talker steps fed since the text ended (tts_eos first, then tts_pad)
+            speaker = self.core.speaker_id(opts.voice)
+            code0 = self.talker.start_answer(role, first, self.core.tts, speaker, opts.talker_sampling, self.generator)
+            step_started = started
+            while code0 != self.core.model.config.talker_config.codec_eos_token_id and self._interrupted_at is None:
+                codes = [code0] + self.talker.residual_codes(code0, opts.predictor_sampling, self.generator)
+                samples = self.code2wav.push(torch.tensor(codes, device=self.core.device)).cpu().numpy()
+                now = time.perf_counter()
+                if frames == 0:
+                    metrics["ttfp_ms"] = (now - started) * 1e3
+                else:
+                    frame_times.append(now - step_started)
+                yield SpeechFrame(frames, samples, tuple(codes))
+                step_started = time.perf_counter()
+                frames += 1
+                if frames >= opts.max_frames or self._interrupted_at is not None:
+                    break
+                if not thinker_done:
+                    token = self._decode_text(tokens[-1])
+                    if token == i.im_end:
+                        thinker_done = True
+                        text = self.core.project_text(lm.embed_tokens(torch.tensor([[token]], device=self.core.device)))
+                    else:
+                        tokens.append(token)
+                        thinker_done = len(tokens) >= opts.max_answer_tokens
+                        yield TextDelta(self.core.tokenizer.decode([token]), token)
+                        text = self.core.project_text(lm.embed_tokens(torch.tensor([[token]], device=self.core.device)))
+                else:
+                    text = self.core.tts["eos"] if text_after_end == 0 else self.core.tts["pad"]
+                    text_after_end += 1
+                code0 = self.talker.step(codes, text, opts.talker_sampling, self.generator)
+        finally:
+            interrupted = self._interrupted_at is not None
+            kept = tokens if self.talker is None or not interrupted else tokens[: self._interrupted_at]
+            self._close_answer(answer_start, header, kept)
+            if frame_times:
+                metrics["frame_ms_p50"] = float(np.percentile(frame_times, 50) * 1e3)
+                metrics["frame_ms_p90"] = float(np.percentile(frame_times, 90) * 1e3)
+            metrics["audio_s"] = frames * 0.08
+            self.last_done = ResponseDone(self.core.tokenizer.decode(kept), tuple(kept), frames, interrupted, metrics)
+        yield self.last_done
+
+    def interrupt(self, frames_played: int) -> None:
+        self._interrupted_at = max(0, frames_played)
+
+    def _choose_text(self, logits: torch.Tensor) -> int:
+        return int(choose(logits, self.options.thinker_sampling, self.generator))
+
+    def _decode_text(self, previous: int) -> int:
+        lm = self.core.model.thinker.model.language_model
+        hidden, _ = run_stack(lm, lm.embed_tokens(torch.tensor([[previous]], device=self.core.device)), self.cache, mrope=True)
+        return self._choose_text(self.core.model.thinker.lm_head(hidden[:, -1]))
+
+    def _close_answer(self, answer_start: int, header: list[int], kept: list[int]) -> None:
+        """Leave the caches holding the conversation with the answer as it was heard: its kept text, then
+        <|im_end|> and a newline."""
+        i = self.ids
+        segment = Segment("assistant", header + kept + [i.im_end, i.newline])
+        fed = self.cache.length - answer_start  # header + fed tokens
+        keep = min(fed, len(header) + len(kept))
+        self.cache.crop(answer_start + keep)
+        self._thinker_prefill(segment.ids[keep:], [])
+        self.segments.append(segment)
+        if self.talker is not None:
+            self.talker.end_answer()
+            self.code2wav.reset()

@@ -1,0 +1,194 @@
+"""The engine's asyncio face: one `Engine` per process, one `Session` per call.
+
+All torch work runs on a single worker thread per device, so the event loop never blocks and the model is never
+used from two threads. Each session step (a prefill chunk, one 80 ms frame) is one job on that thread; sessions
+interleave frame by frame. The worker is the one place that sees every session's next step, which is where
+batching several sessions into one decode step belongs.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from . import audio_input
+from .conversation import Conversation, TokenIds
+from .events import INPUT_SAMPLE_RATE, Event, ResponseDone
+from .loader import LoadedModel, load
+from .options import EngineOptions, SessionOptions
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, options: EngineOptions) -> None:
+        self.loaded = loaded
+        self.options = options
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.feature_extractor = loaded.feature_extractor
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.speech = not options.text_only
+        self.ids = TokenIds.from_model(self.model, self.tokenizer)
+        self.ready = False
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rtc-agent-{self.device}")
+        self.tts: dict[str, torch.Tensor] = {}
+        if self.speech:
+            with torch.inference_mode():
+                special = torch.tensor([[self.ids.tts_bos, self.ids.tts_eos, self.ids.tts_pad]], device=self.device)
+                bos, eos, pad = self.project_text(self.model.thinker.get_input_embeddings()(special)).chunk(3, dim=1)
+            self.tts = {"bos": bos, "eos": eos, "pad": pad}
+
+    @classmethod
+    def load(cls, options: EngineOptions = EngineOptions()) -> "Engine":
+        """Load the model (blocking: seconds for `tiny`, minutes for a real checkpoint)."""
+        return cls(load(options.model, options.device, options.text_only, options.dtype), options)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.loaded.name, "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "speech": self.speech, "streaming": self.options.streaming, "ready": self.ready,
+                "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens}
+
+    def gpu_peak_gb(self) -> float | None:
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.max_memory_allocated(self.device) / 1e9
+
+    def project_text(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Thinker token embeddings → the Talker's text input (`text_projection`)."""
+        return self.model.talker.text_projection(embeds)
+
+    def speaker_id(self, voice: str) -> int:
+        return self.model.config.talker_config.speaker_id[voice]
+
+    async def run(self, fn: Callable[..., T], *args) -> T:
+        """Run `fn(*args)` on the worker thread, under inference mode."""
+        def job() -> T:
+            with torch.inference_mode():
+                return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, job)
+
+    def new_session(self, options: SessionOptions = SessionOptions()) -> "Session":
+        return Session(self, options)
+
+    async def warmup(self) -> None:
+        """Run one short turn end to end so the first caller pays no first-use costs; then `ready` is True."""
+        started = time.perf_counter()
+        session = self.new_session(SessionOptions(greedy=True, seed=0, max_answer_tokens=4, max_frames=4))
+        await session.push_audio(np.zeros(INPUT_SAMPLE_RATE, dtype=np.float32))
+        async for _ in session.respond():
+            pass
+        await session.close()
+        self.ready = True
+        log.info("engine warmed up in %.1f s", time.perf_counter() - started)
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+class Session:
+    """One caller's conversation. Methods are coroutines; none of them blocks the event loop."""
+
+    def __init__(self, engine: Engine, options: SessionOptions) -> None:
+        self.engine = engine
+        self.options = self._resolve(options)
+        self._conversation: Conversation | None = None
+        self._answering = False
+        self._buffered: list[np.ndarray] = []  # audio pushed while an answer is being made
+        self._interrupt: int | None = None
+        self.closed = False
+
+    def _resolve(self, options: SessionOptions) -> SessionOptions:
+        eo = self.engine.options
+        tokens = min(options.max_answer_tokens or eo.max_answer_tokens, eo.max_answer_tokens)
+        frames = min(options.max_frames or eo.max_frames, eo.max_frames)
+        return replace(options, max_answer_tokens=tokens, max_frames=frames)
+
+    def update(self, **changes: Any) -> None:
+        """Change voice, instructions or sampling; they apply from the next turn on."""
+        self.options = self._resolve(replace(self.options, **changes))
+
+    async def _conv(self) -> Conversation:
+        if self._conversation is None:
+            self._conversation = await self.engine.run(Conversation, self.engine, self.options)
+        elif self._conversation.options is not self.options:
+            await self.engine.run(self._conversation.apply, self.options)
+        return self._conversation
+
+    async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE) -> None:
+        """Caller audio as it arrives: mono float32 at 16 kHz. Prefills in the background every chunk."""
+        self._check_open()
+        if sample_rate != INPUT_SAMPLE_RATE:
+            raise ValueError(f"audio must be {INPUT_SAMPLE_RATE} Hz, got {sample_rate} Hz: resample it first")
+        samples = audio_input.check_samples(samples)
+        if self._answering:
+            self._buffered.append(samples)
+            return
+        conv = await self._conv()
+        await self.engine.run(conv.add_audio, samples)
+
+    async def abort_turn(self) -> None:
+        """Forget the caller audio pushed since the last answer (a false start)."""
+        self._check_open()
+        self._buffered.clear()
+        if self._conversation is not None:
+            await self.engine.run(self._conversation.abort_turn)
+
+    async def respond(self) -> AsyncIterator[Event]:
+        """End the caller's turn and stream the answer: TextDelta and SpeechFrame events, then one ResponseDone."""
+        self._check_open()
+        if self._answering:
+            raise RuntimeError("an answer is already in progress on this session")
+        conv = await self._conv()
+        if not conv.has_audio():
+            raise ValueError("no caller audio in this turn: push at least 10 ms of audio before asking for an answer")
+        self._answering = True
+        self._interrupt = None
+        steps = conv.answer()
+        try:
+            if not self.engine.options.streaming:
+                for event in await self.engine.run(list, steps):
+                    yield event
+                return
+            while True:
+                if self._interrupt is not None:
+                    conv.interrupt(self._interrupt)
+                event = await self.engine.run(next, steps, None)
+                if event is None:
+                    return
+                yield event
+                if isinstance(event, ResponseDone):
+                    return
+        finally:
+            await self.engine.run(steps.close)
+            self._answering = False
+            buffered, self._buffered = self._buffered, []
+            for samples in buffered:
+                await self.engine.run(conv.add_audio, samples)
+
+    async def cancel(self, frames_played: int | None = None) -> None:
+        """Barge-in: stop the answer within one frame. `frames_played` is how many frames the caller heard (the
+        history keeps only their text); None keeps everything made so far."""
+        if self._answering:
+            self._interrupt = frames_played if frames_played is not None else 1 << 30
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._interrupt = 0
+        self._conversation = None  # caches are freed with it
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this session is closed")

@@ -1,0 +1,136 @@
+"""Turns a `--model` value into a ready Qwen3-Omni model, tokenizer and audio feature extractor.
+
+- `tiny` (default): the built-in tiny model (see `tiny.py`), float32, fine on a CPU.
+- `PATH`: a local Qwen3-Omni checkpoint directory (an HF snapshot), bf16 on the GPU.
+- `synthetic:30b-a3b`: the released architecture with random weights made on the device, for benchmarks.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import tiny
+from .weights import fill_random, recompute_buffers
+
+log = logging.getLogger(__name__)
+
+SYNTHETIC_MODELS = {"synthetic:30b-a3b": tiny.released_config_dict}
+SYNTHETIC_WEIGHT_SCALE = 0.03
+
+
+class ModelLoadError(ValueError):
+    """The model could not be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # Qwen3OmniMoeForConditionalGeneration
+    tokenizer: Any
+    feature_extractor: Any
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    load_s: float
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} was asked for, but this machine has no usable CUDA GPU "
+                             "(torch.cuda.is_available() is False); use --device cpu or auto")
+    return dev
+
+
+def load(spec: str = "tiny", device: str = "auto", text_only: bool = False, dtype: str = "auto") -> LoadedModel:
+    dev = resolve_device(device)
+    started = time.perf_counter()
+    if spec == "tiny":
+        path, model_dtype = tiny.tiny_checkpoint_dir(), _dtype(dtype, torch.float32)
+        model = _from_pretrained(path, dev, model_dtype, text_only)
+    elif spec in SYNTHETIC_MODELS:
+        path, model_dtype = tiny.tiny_checkpoint_dir(), _dtype(dtype, torch.bfloat16)  # tokenizer only
+        model = _synthetic(SYNTHETIC_MODELS[spec](), dev, model_dtype, text_only)
+    else:
+        path, model_dtype = _check_checkpoint(Path(spec)), _dtype(dtype, torch.bfloat16)
+        _check_fits(_checkpoint_bytes(path), dev, spec)
+        model = _from_pretrained(path, dev, model_dtype, text_only)
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    features = WhisperFeatureExtractor.from_pretrained(path)
+    model.eval().requires_grad_(False)
+    load_s = time.perf_counter() - started
+    log.info("model %s loaded on %s (%s) in %.1f s", spec, dev, model_dtype, load_s)
+    return LoadedModel(model, tokenizer, features, spec, dev, model_dtype, load_s)
+
+
+def _dtype(name: str, default: torch.dtype) -> torch.dtype:
+    if name == "auto":
+        return default
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {name!r}: use auto, float32, bfloat16 or float16") from None
+
+
+def _check_checkpoint(path: Path) -> Path:
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist: give `tiny`, `synthetic:30b-a3b` or a local "
+                             "Qwen3-Omni checkpoint directory (config.json, *.safetensors, tokenizer files)")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path} has no config.json: is it a Hugging Face checkpoint directory?")
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from None
+    if model_type != "qwen3_omni_moe":
+        raise ModelLoadError(f"{path} holds a {model_type!r} model, not Qwen3-Omni (model_type 'qwen3_omni_moe')")
+    return path
+
+
+def _checkpoint_bytes(path: Path) -> int:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return int(json.loads(index.read_text())["metadata"]["total_size"])
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def _check_fits(weight_bytes: int, device: torch.device, name: str) -> None:
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    if weight_bytes > free * 0.95:
+        raise ModelLoadError(f"model {name} needs {weight_bytes / 2**30:.1f} GiB for its weights alone, but "
+                             f"{torch.cuda.get_device_name(device)} has {free / 2**30:.1f} GiB free")
+
+
+def _from_pretrained(path: Path, device: torch.device, dtype: torch.dtype, text_only: bool):
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    log.info("loading %s", path)
+    extra = {"enable_audio_output": False} if text_only else {}
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(path, dtype=dtype, **extra).to(device)
+
+
+def _synthetic(config_dict: dict, device: torch.device, dtype: torch.dtype, text_only: bool):
+    """Build the full architecture on the meta device, then allocate it on `device` and fill it cheaply."""
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    config = Qwen3OmniMoeConfig(**(config_dict | {"enable_audio_output": not text_only}))
+    with torch.device("meta"):
+        model = Qwen3OmniMoeForConditionalGeneration(config).to(dtype)
+    _check_fits(sum(p.numel() * p.element_size() for p in model.parameters()), device, "synthetic")
+    log.info("allocating %.1f B random parameters on %s", sum(p.numel() for p in model.parameters()) / 1e9, device)
+    model.to_empty(device=device)
+    fill_random(model, seed=0, scale=SYNTHETIC_WEIGHT_SCALE)
+    recompute_buffers(model)
+    return model

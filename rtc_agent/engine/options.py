@@ -1,0 +1,59 @@
+"""Settings of the engine (one per process) and of each session (voice, prompt, sampling)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .sampling import Sampling
+
+VOICES = ("chelsie", "ethan", "aiden")
+DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly, in a friendly spoken style."
+
+# The release's sampling defaults: the Talker's come from `Qwen3OmniMoeForConditionalGeneration.generate`
+# (top_k 50, top_p 1.0, temperature 0.9, repetition penalty 1.05) and its code predictor's (top_k 50, top_p 0.8).
+THINKER_SAMPLING = Sampling(temperature=0.7, top_k=20, top_p=0.8)
+TALKER_SAMPLING = Sampling(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+PREDICTOR_SAMPLING = Sampling(temperature=1.0, top_k=50, top_p=0.8)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model: str = "tiny"  # tiny | synthetic:30b-a3b | path to a local checkpoint
+    device: str = "auto"
+    dtype: str = "auto"
+    text_only: bool = False  # no Talker or Code2Wav: not even loaded
+    streaming: bool = True  # False: the whole answer is made, then its text and audio come out at once
+    prefill_chunk_s: float = 1.0  # encode and prefill the caller's audio every this many seconds; 0: at turn end
+    context_tokens: int = 4096  # Thinker KV cache per session; oldest turns are dropped beyond it
+    max_answer_tokens: int = 256
+    max_frames: int = 1024  # 82 s of speech
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):
+            raise ValueError("prefill_chunk_s must be 0 (whole turn at its end) or at least 0.5 s")
+        if self.context_tokens < 256 + self.max_answer_tokens:
+            raise ValueError(f"context_tokens must be at least max_answer_tokens + 256 = {256 + self.max_answer_tokens}")
+        if self.max_answer_tokens < 1 or self.max_frames < 1:
+            raise ValueError("max_answer_tokens and max_frames must be >= 1")
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    voice: str = "ethan"
+    instructions: str = DEFAULT_INSTRUCTIONS
+    greedy: bool = False
+    seed: int | None = None
+    thinker_sampling: Sampling = THINKER_SAMPLING
+    talker_sampling: Sampling = TALKER_SAMPLING
+    predictor_sampling: Sampling = PREDICTOR_SAMPLING
+    max_answer_tokens: int | None = None  # None: the engine's
+    max_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.voice not in VOICES:
+            raise ValueError(f"unknown voice {self.voice!r}: choose one of {', '.join(VOICES)}")
+        if not isinstance(self.instructions, str) or len(self.instructions) > 20_000:
+            raise ValueError("instructions must be a string of at most 20000 characters")
+        if self.greedy:  # greedy is greedy everywhere; the Talker keeps its repetition penalty, as stock does
+            object.__setattr__(self, "thinker_sampling", replace(self.thinker_sampling, greedy=True))
+            object.__setattr__(self, "talker_sampling", replace(self.talker_sampling, greedy=True))
+            object.__setattr__(self, "predictor_sampling", replace(self.predictor_sampling, greedy=True))

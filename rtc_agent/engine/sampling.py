@@ -1,0 +1,49 @@
+"""Token choice for the Thinker, the Talker and the code predictor, in transformers' order of logits processors
+(repetition penalty, suppressed tokens, temperature, top-k, top-p) so that greedy runs match stock `generate`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.repetition_penalty <= 0:
+            raise ValueError("top_k must be >= 0 and repetition_penalty > 0")
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
+           previous: torch.Tensor | None = None, suppress: torch.Tensor | None = None) -> torch.Tensor:
+    """Pick one token id per row of `logits` [rows, vocab]; returns a LongTensor [rows] on the logits' device."""
+    scores = logits.float()
+    if previous is not None and previous.numel() and sampling.repetition_penalty != 1.0:
+        seen = scores.gather(1, previous)
+        seen = torch.where(seen < 0, seen * sampling.repetition_penalty, seen / sampling.repetition_penalty)
+        scores = scores.scatter(1, previous, seen)
+    if suppress is not None:
+        scores = scores.index_fill(1, suppress, float("-inf"))
+    if sampling.greedy:
+        return scores.argmax(dim=-1)
+    scores = scores / sampling.temperature
+    if sampling.top_k:
+        kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative - sorted_scores.softmax(dim=-1) > sampling.top_p  # keep the smallest set reaching top_p
+        scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, float("-inf")))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
