@@ -3,7 +3,7 @@ the streaming Code2Wav, and the turn in progress. Everything here runs on the en
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -217,49 +217,9 @@ class Conversation:
             metrics["ttft_ms"] = (time.perf_counter() - started) * 1e3
             yield TextDelta(self.core.tokenizer.decode([token]), token)
         try:
-            if self.talker is None:
-                while not thinker_done and len(tokens) < opts.max_answer_tokens and self._interrupted_at is None:
-                    token = self._decode_text(tokens[-1])
-                    if token == i.im_end:
-                        break
-                    tokens.append(token)
-                    yield TextDelta(self.core.tokenizer.decode([token]), token)
-                return
-            thinker_done = thinker_done or len(tokens) >= opts.max_answer_tokens
-            lm = self.core.model.thinker.model.language_model
-            role = self.core.project_text(lm.embed_tokens(torch.tensor([header], device=self.core.device)))
-            first = self.core.project_text(lm.embed_tokens(torch.tensor([[token]], device=self.core.device)))
-            text_after_end = 0  # talker steps fed since the text ended (tts_eos first, then tts_pad)
-            speaker = self.core.speaker_id(opts.voice)
-            code0 = self.talker.start_answer(role, first, self.core.tts, speaker, opts.talker_sampling, self.generator)
-            step_started = started
-            while code0 != self.core.model.config.talker_config.codec_eos_token_id and self._interrupted_at is None:
-                codes = [code0] + self.talker.residual_codes(code0, opts.predictor_sampling, self.generator)
-                samples = self.code2wav.push(torch.tensor(codes, device=self.core.device)).cpu().numpy()
-                now = time.perf_counter()
-                if frames == 0:
-                    metrics["ttfp_ms"] = (now - started) * 1e3
-                else:
-                    frame_times.append(now - step_started)
-                yield SpeechFrame(frames, samples, tuple(codes))
-                step_started = time.perf_counter()
-                frames += 1
-                if frames >= opts.max_frames or self._interrupted_at is not None:
-                    break
-                if not thinker_done:
-                    token = self._decode_text(tokens[-1])
-                    if token == i.im_end:
-                        thinker_done = True
-                        text = self.core.project_text(lm.embed_tokens(torch.tensor([[token]], device=self.core.device)))
-                    else:
-                        tokens.append(token)
-                        thinker_done = len(tokens) >= opts.max_answer_tokens
-                        yield TextDelta(self.core.tokenizer.decode([token]), token)
-                        text = self.core.project_text(lm.embed_tokens(torch.tensor([[token]], device=self.core.device)))
-                else:
-                    text = self.core.tts["eos"] if text_after_end == 0 else self.core.tts["pad"]
-                    text_after_end += 1
-                code0 = self.talker.step(codes, text, opts.talker_sampling, self.generator)
+            if self.talker is not None:
+                frames, thinker_done = yield from self._speak(tokens, token, thinker_done, header, started, metrics, frame_times)
+            yield from self._finish_text(tokens, thinker_done)  # text only, or speech ended first
         finally:
             interrupted = self._interrupted_at is not None
             kept = tokens if self.talker is None or not interrupted else tokens[: self._interrupted_at]
@@ -270,6 +230,63 @@ class Conversation:
             metrics["audio_s"] = frames * 0.08
             self.last_done = ResponseDone(self.core.tokenizer.decode(kept), tuple(kept), frames, interrupted, metrics)
         yield self.last_done
+
+    def _speak(self, tokens: list[int], token: int, thinker_done: bool, header: list[int], started: float,
+               metrics: dict[str, float], frame_times: list[float]) -> Generator[Event, None, tuple[int, bool]]:
+        """The Talker and Code2Wav loop: one frame per step, the Thinker one token ahead. Returns the frame count
+        and whether the text is complete."""
+        i, opts = self.ids, self.options
+        frames = 0
+        thinker_done = thinker_done or len(tokens) >= opts.max_answer_tokens
+        role, first = self._text_input(header), self._text_input([token])
+        text_after_end = 0  # talker steps fed since the text ended (tts_eos first, then tts_pad)
+        speaker = self.core.speaker_id(opts.voice)
+        code0 = self.talker.start_answer(role, first, self.core.tts, speaker, opts.talker_sampling, self.generator)
+        step_started = started
+        while code0 != self.core.model.config.talker_config.codec_eos_token_id and self._interrupted_at is None:
+            codes = [code0] + self.talker.residual_codes(code0, opts.predictor_sampling, self.generator)
+            samples = self.code2wav.push(torch.tensor(codes, device=self.core.device)).cpu().numpy()
+            now = time.perf_counter()
+            if frames == 0:
+                metrics["ttfp_ms"] = (now - started) * 1e3
+            else:
+                frame_times.append(now - step_started)
+            yield SpeechFrame(frames, samples, tuple(codes))
+            step_started = time.perf_counter()
+            frames += 1
+            if frames >= opts.max_frames or self._interrupted_at is not None:
+                break
+            text = None
+            if not thinker_done:
+                token = self._decode_text(tokens[-1])
+                thinker_done = token == i.im_end
+                if not thinker_done:
+                    tokens.append(token)
+                    yield TextDelta(self.core.tokenizer.decode([token]), token)
+                    # As in stock generate, the answer's last token (EOS, or the one at the length limit) is
+                    # not spoken: tts_eos takes its place.
+                    thinker_done = len(tokens) >= opts.max_answer_tokens
+                    if not thinker_done:
+                        text = self._text_input([token])
+            if text is None:
+                text = self.core.tts["eos"] if text_after_end == 0 else self.core.tts["pad"]
+                text_after_end += 1
+            code0 = self.talker.step(codes, text, opts.talker_sampling, self.generator)
+        return frames, thinker_done
+
+    def _text_input(self, ids: list[int]) -> torch.Tensor:
+        """The Talker's text-side input for Thinker tokens: text_projection of their embeddings [1, T, hidden]."""
+        lm = self.core.model.thinker.model.language_model
+        return self.core.project_text(lm.embed_tokens(torch.tensor([ids], device=self.core.device)))
+
+    def _finish_text(self, tokens: list[int], done: bool) -> Iterator[TextDelta]:
+        """Decode the rest of the text, without speech, appending to `tokens`."""
+        while not done and len(tokens) < self.options.max_answer_tokens and self._interrupted_at is None:
+            token = self._decode_text(tokens[-1])
+            if token == self.ids.im_end:
+                return
+            tokens.append(token)
+            yield TextDelta(self.core.tokenizer.decode([token]), token)
 
     def interrupt(self, frames_played: int) -> None:
         self._interrupted_at = max(0, frames_played)
