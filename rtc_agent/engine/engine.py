@@ -21,7 +21,7 @@ import torch
 
 from . import audio_input
 from .conversation import Conversation, TokenIds
-from .events import INPUT_SAMPLE_RATE, Event, ResponseDone
+from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
 from .options import EngineOptions, SessionOptions
 
@@ -156,8 +156,9 @@ class Session:
         self._interrupt = None
         steps = conv.answer()
         try:
-            if not self.engine.options.streaming:
-                for event in await self.engine.run(list, steps):
+            if not self.engine.options.streaming:  # the whole answer, then its audio
+                events = await self.engine.run(list, steps)
+                for event in sorted(events, key=lambda e: 2 if isinstance(e, ResponseDone) else isinstance(e, SpeechFrame)):
                     yield event
                 return
             while True:

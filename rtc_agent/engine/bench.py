@@ -1,0 +1,164 @@
+"""`rtc-agent bench`: time to first packet and per-frame cost of the streaming engine, in process, against stock
+`generate(return_audio=True)` on the same inputs in the same run."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import audio_input
+from .engine import Engine
+from .events import INPUT_SAMPLE_RATE, SpeechFrame
+from .options import EngineOptions, SessionOptions
+
+FRAME_S = 0.08
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="tiny | synthetic:30b-a3b | path to a checkpoint")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--turns", type=int, default=5, help="caller turns, one session")
+    parser.add_argument("--turn-s", type=float, default=3.0, help="seconds of caller audio per turn")
+    parser.add_argument("--system-tokens", type=int, default=200)
+    parser.add_argument("--answer-tokens", type=int, default=24)
+    parser.add_argument("--answer-frames", type=int, default=40)
+    parser.add_argument("--prefill-chunk-s", type=float, default=1.0)
+    parser.add_argument("--compare-stock", action="store_true", help="also time stock generate on the same turn")
+    parser.add_argument("--stock-runs", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = asyncio.run(_bench(args))
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p90": float("nan")}
+    return {"p50": round(float(np.percentile(values, 50)), 2), "p90": round(float(np.percentile(values, 90)), 2)}
+
+
+def _caller_turn(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * INPUT_SAMPLE_RATE)) / INPUT_SAMPLE_RATE
+    tone = np.sin(2 * np.pi * (140 + 30 * np.sin(2 * np.pi * 0.5 * t)) * t)
+    return (0.2 * tone + 0.02 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def _system_prompt(tokenizer, count: int) -> str:
+    words = ("You are a helpful assistant on a live voice call. Keep answers short, warm and clear. " * 200).split(" ")
+    text = ""
+    for word in words:
+        candidate = f"{text} {word}".strip()
+        if len(tokenizer.encode(candidate, add_special_tokens=False)) > count:
+            break
+        text = candidate
+    return text
+
+
+def _log(args, message: str) -> None:
+    if not args.json:
+        print(message, flush=True)
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.perf_counter()
+    engine = Engine.load(EngineOptions(model=args.model, device=args.device, prefill_chunk_s=args.prefill_chunk_s,
+                                       max_answer_tokens=max(args.answer_tokens, 16),
+                                       max_frames=max(args.answer_frames, 16)))
+    loaded = time.perf_counter()
+    await engine.warmup()
+    ready = time.perf_counter()
+    _log(args, f"loaded in {loaded - started:.1f} s, warmed up in {ready - loaded:.1f} s")
+    instructions = _system_prompt(engine.tokenizer, args.system_tokens)
+    session = engine.new_session(SessionOptions(instructions=instructions, seed=0, max_answer_tokens=args.answer_tokens,
+                                                max_frames=args.answer_frames))
+    ttfp, frame_ms, busy_s, audio_s = [], [], 0.0, 0.0
+    for turn in range(args.turns):
+        audio = _caller_turn(args.turn_s, seed=turn)
+        for start in range(0, len(audio), 320):  # 20 ms pieces, as the call server pushes them
+            await session.push_audio(audio[start:start + 320])
+        turn_started = time.perf_counter()
+        frames = 0
+        async for event in session.respond():
+            if isinstance(event, SpeechFrame):
+                frames += 1
+            elif not isinstance(event, SpeechFrame) and hasattr(event, "metrics"):
+                ttfp.append(event.metrics["ttfp_ms"])
+                frame_ms += [event.metrics["frame_ms_p50"]] if "frame_ms_p50" in event.metrics else []
+        busy_s += time.perf_counter() - turn_started
+        audio_s += frames * FRAME_S
+        _log(args, f"turn {turn}: ttfp {ttfp[-1]:.1f} ms, {frames} frames")
+    await session.close()
+    result: dict[str, Any] = {
+        "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
+        "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
+        "prefill_chunk_s": args.prefill_chunk_s, "ttfp_ms": _percentiles(ttfp), "frame_ms": _percentiles(frame_ms),
+        "rtf": round(busy_s / audio_s, 3) if audio_s else None, "startup_s": round(ready - started, 1),
+        "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()),
+    }
+    if args.compare_stock:
+        result["stock"] = _bench_stock(engine, instructions, args)
+        result["ttfp_speedup"] = round(result["stock"]["ttfp_ms"]["p50"] / result["ttfp_ms"]["p50"], 1)
+    return result
+
+
+def _bench_stock(engine: Engine, instructions: str, args) -> dict[str, Any]:
+    """Stock generate on the first turn of the benchmark: its first audio comes when the whole answer is done."""
+    ids = engine.ids
+    audio = _caller_turn(args.turn_s, seed=0)
+    mel = audio_input.log_mel(engine.feature_extractor, audio)
+    prompt = [ids.im_start, ids.system, ids.newline, *engine.tokenizer.encode(instructions, add_special_tokens=False),
+              ids.im_end, ids.newline, ids.im_start, ids.user, ids.newline, ids.audio_start,
+              *[ids.audio] * audio_input.token_count(mel.shape[1]),
+              ids.audio_end, ids.im_end, ids.newline, ids.im_start, ids.assistant, ids.newline]
+    device = engine.device
+    inputs = {"input_ids": torch.tensor([prompt], device=device),
+              "input_features": mel[None].to(device, engine.dtype),
+              "feature_attention_mask": torch.ones(1, mel.shape[1], dtype=torch.long, device=device)}
+    totals, frames = [], 0
+    for _ in range(args.stock_runs + 1):  # the first run warms up and is not counted
+        _sync(engine)
+        began = time.perf_counter()
+        with torch.inference_mode():
+            _, wav = engine.model.generate(**inputs, return_audio=True, thinker_max_new_tokens=args.answer_tokens,
+                                           talker_max_new_tokens=args.answer_frames + 1, thinker_do_sample=True)
+        _sync(engine)
+        totals.append((time.perf_counter() - began) * 1e3)
+        frames = round(wav.shape[-1] / (FRAME_S * 24_000))
+    totals = totals[1:]
+    return {"ttfp_ms": _percentiles(totals), "frame_ms": _percentiles([t / max(frames, 1) for t in totals]),
+            "rtf": round(float(np.mean(totals)) / 1e3 / (frames * FRAME_S), 3) if frames else None,
+            "frames": frames, "gpu_peak_gb": _round(engine.gpu_peak_gb())}
+
+
+def _sync(engine: Engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def _device_name(engine: Engine) -> str:
+    if engine.device.type == "cuda":
+        return torch.cuda.get_device_name(engine.device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="rtc-agent bench", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
