@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--answer-frames", type=int, default=40)
     parser.add_argument("--prefill-chunk-s", type=float, default=1.0)
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps (to measure the graphs)")
     parser.add_argument("--compare-stock", action="store_true", help="also time stock generate on the same turn")
     parser.add_argument("--stock-runs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -72,7 +73,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     engine = Engine.load(EngineOptions(model=args.model, device=args.device, prefill_chunk_s=args.prefill_chunk_s,
                                        max_answer_tokens=max(args.answer_tokens, 16),
-                                       max_frames=max(args.answer_frames, 16)))
+                                       max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs))
     loaded = time.perf_counter()
     await engine.warmup()
     ready = time.perf_counter()
@@ -100,7 +101,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
         "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
-        "prefill_chunk_s": args.prefill_chunk_s, "ttfp_ms": _percentiles(ttfp), "frame_ms": _percentiles(frame_ms),
+        "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "ttfp_ms": _percentiles(ttfp), "frame_ms": _percentiles(frame_ms),
         "rtf": round(busy_s / audio_s, 3) if audio_s else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()),
     }

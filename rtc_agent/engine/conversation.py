@@ -12,6 +12,7 @@ import torch
 from . import audio_input
 from .code2wav import StreamingCode2Wav
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame, TextDelta
+from .graphs import CapturedStep, replay_at
 from .kv_cache import StaticKVCache
 from .options import SessionOptions
 from .sampling import choose
@@ -67,11 +68,14 @@ class Conversation:
         self.ids: TokenIds = core.ids
         thinker_cfg = core.model.config.thinker_config.text_config
         self.cache = StaticKVCache.for_config(thinker_cfg, core.options.context_tokens, core.dtype, core.device)
-        self.talker = TalkerState(core.model, core.options.context_tokens + core.options.max_frames + 16) if core.speech else None
+        graphs = core.cuda_graphs
+        talker_len = core.options.context_tokens + core.options.max_frames + 16
+        self.talker = TalkerState(core.model, talker_len, graphs) if core.speech else None
         self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1) if core.speech else None
         self.segments: list[Segment] = []
         self.turn: Segment | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
+        self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device)) if graphs else None
         self.generator = torch.Generator(device=core.device)
         self.generator.manual_seed(options.seed if options.seed is not None else int(torch.seed() % 2**62))
 
@@ -294,10 +298,18 @@ class Conversation:
     def _choose_text(self, logits: torch.Tensor) -> int:
         return int(choose(logits, self.options.thinker_sampling, self.generator))
 
-    def _decode_text(self, previous: int) -> int:
+    def _thinker_logits(self, ids: torch.Tensor, graph_mode: bool = True) -> torch.Tensor:
         lm = self.core.model.thinker.model.language_model
-        hidden, _ = run_stack(lm, lm.embed_tokens(torch.tensor([[previous]], device=self.core.device)), self.cache, mrope=True)
-        return self._choose_text(self.core.model.thinker.lm_head(hidden[:, -1]))
+        hidden, _ = run_stack(lm, lm.embed_tokens(ids), self.cache, mrope=True, graph_mode=graph_mode)
+        return self.core.model.thinker.lm_head(hidden[:, -1])
+
+    def _decode_text(self, previous: int) -> int:
+        ids = torch.tensor([[previous]], device=self.core.device)
+        if self._thinker_step is not None:
+            logits = replay_at(self._thinker_step, self.cache, 1, ids)
+        else:
+            logits = self._thinker_logits(ids, graph_mode=False)
+        return self._choose_text(logits)
 
     def _close_answer(self, answer_start: int, header: list[int], kept: list[int]) -> None:
         """Leave the caches holding the conversation with the answer as it was heard: its kept text, then

@@ -39,6 +39,7 @@ class Engine:
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.speech = not options.text_only
+        self.cuda_graphs = options.cuda_graphs and self.device.type == "cuda"
         self.ids = TokenIds.from_model(self.model, self.tokenizer)
         self.ready = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rtc-agent-{self.device}")

@@ -23,6 +23,10 @@ class StaticKVCache:
         self.window = window  # sliding-window attention: each query sees at most this many keys (itself included)
         self.length = 0  # positions holding data
         self._pending = 0  # positions being written by the forward in progress
+        # CUDA-graph steps read where to write from a device tensor instead of `length` (see graphs.py).
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph_positions: torch.Tensor | None = None  # set while a graph-mode forward is traced
+        self._key_index = torch.arange(max_len, device=device)
 
     @classmethod
     def for_config(cls, config, max_len: int, dtype: torch.dtype, device: torch.device, **kwargs) -> "StaticKVCache":
@@ -49,7 +53,20 @@ class StaticKVCache:
             return 0
         return max(0, self.length - self.window + 1)
 
+    def graph_step(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions and mask for `count` queries starting at `self.position`, with fixed shapes: keys are the
+        whole buffer, masked. This is what a captured step records; `length` is advanced by the caller."""
+        if self.window is not None:
+            raise NotImplementedError("graph steps over a sliding-window cache")
+        self.graph_positions = self.position + torch.arange(count, device=self.position.device)
+        mask = self._key_index[None, :] <= self.graph_positions[:, None]
+        return self.graph_positions, mask[None, None]
+
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self.graph_positions is not None:
+            self.keys[layer_idx].index_copy_(2, self.graph_positions, key)
+            self.values[layer_idx].index_copy_(2, self.graph_positions, value)
+            return self.keys[layer_idx], self.values[layer_idx]
         start, end = self.length, self.length + key.shape[2]
         self.keys[layer_idx][:, :, start:end] = key
         self.values[layer_idx][:, :, start:end] = value

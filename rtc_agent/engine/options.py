@@ -26,6 +26,7 @@ class EngineOptions:
     context_tokens: int = 4096  # Thinker KV cache per session; oldest turns are dropped beyond it
     max_answer_tokens: int = 256
     max_frames: int = 1024  # 82 s of speech
+    cuda_graphs: bool = True  # decode steps as CUDA graphs (GPU only)
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from .graphs import CapturedStep, replay_at
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose
 from .stack import run_stack
 
 
 class TalkerState:
-    def __init__(self, model, max_len: int) -> None:
+    def __init__(self, model, max_len: int, graphs: bool = False) -> None:
         self.talker = model.talker
         self.config = model.config.talker_config
         param = next(self.talker.parameters())
@@ -24,6 +25,35 @@ class TalkerState:
         self.user_length = 0  # positions of the cache that hold user parts (kept across turns)
         self.last_hidden: torch.Tensor | None = None  # [1, 1, hidden] output at the last position
         self.code0_history: list[int] = []
+        self._step: CapturedStep | None = None
+        self._predictor_steps: list[CapturedStep] = []
+        if graphs:
+            self._capture(param)
+
+    def _capture(self, param: torch.Tensor) -> None:
+        """CUDA graphs for the one-position Talker step and the 15 code-predictor steps."""
+        hidden = param.new_zeros(1, 1, self.config.text_config.hidden_size)
+        code = torch.zeros(1, 1, dtype=torch.long, device=param.device)
+        self._step = CapturedStep(lambda e: self._talker_logits(e, graph_mode=True), hidden)
+        self._predictor_steps = [CapturedStep(lambda h, c: self._predictor_logits(0, c, h, graph_mode=True), hidden, code)]
+        self._predictor_steps += [CapturedStep(lambda c, g=g: self._predictor_logits(g, c, graph_mode=True), code)
+                                  for g in range(1, self.config.num_code_groups - 1)]
+
+    def _talker_logits(self, embeds: torch.Tensor, graph_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, _ = run_stack(self.talker.model, embeds, self.cache, mrope=True, graph_mode=graph_mode)
+        return hidden, self.talker.codec_head(hidden[:, -1])
+
+    def _predictor_logits(self, group: int, code: torch.Tensor, last_hidden: torch.Tensor | None = None,
+                          graph_mode: bool = False) -> torch.Tensor:
+        """Logits of code `group + 1`: step 0 reads [talker hidden, embed(code 0)], step g reads
+        codec_embedding[g-1](code g); each has its own lm_head."""
+        predictor = self.talker.code_predictor
+        if group == 0:
+            embeds = torch.cat((last_hidden, self.talker.get_input_embeddings()(code)), dim=1)
+        else:
+            embeds = predictor.model.codec_embedding[group - 1](code)
+        hidden, _ = run_stack(predictor.model, embeds, self.predictor_cache, mrope=False, graph_mode=graph_mode)
+        return predictor.lm_head[group](hidden[:, -1])
 
     def prefill_user_part(self, embeds: torch.Tensor) -> None:
         """Append a piece of a user turn (Talker input embeddings [1, T, hidden]) to the kept user context."""
@@ -52,29 +82,32 @@ class TalkerState:
         return self._forward(text + codec, sampling, generator)
 
     def _forward(self, embeds: torch.Tensor, sampling: Sampling, generator) -> int:
-        hidden, _ = run_stack(self.talker.model, embeds, self.cache, mrope=True)
-        self.last_hidden = hidden[:, -1:]
-        logits = self.talker.codec_head(self.last_hidden[:, 0])
+        if self._step is not None and embeds.shape[1] == 1:
+            hidden, logits = replay_at(self._step, self.cache, 1, embeds)
+        else:
+            hidden, logits = self._talker_logits(embeds)
+        self.last_hidden = hidden[:, -1:].clone()
         previous = torch.tensor([self.code0_history], device=logits.device) if self.code0_history else None
         code0 = int(choose(logits, sampling, generator, previous, self.suppress))
         self.code0_history.append(code0)
         return code0
 
     def residual_codes(self, code0: int, sampling: Sampling, generator) -> list[int]:
-        """Codes 1..15 of the frame whose code 0 was just chosen: step g reads lm_head[g-1]'s logits and feeds the
-        code back through codec_embedding[g-1]."""
-        predictor = self.talker.code_predictor
+        """Codes 1..15 of the frame whose code 0 was just chosen. They stay on the device until the frame is
+        complete: one host synchronisation per frame."""
         cache = self.predictor_cache
         cache.crop(0)
-        first = self.talker.get_input_embeddings()(torch.tensor([[code0]], device=self.last_hidden.device))
-        embeds = torch.cat((self.last_hidden, first), dim=1)
+        code = torch.tensor([[code0]], device=self.last_hidden.device)
         codes = []
         for group in range(self.config.num_code_groups - 1):
-            hidden, _ = run_stack(predictor.model, embeds, cache, mrope=False)
-            code = choose(predictor.lm_head[group](hidden[:, -1]), sampling, generator)
-            codes.append(int(code))
-            embeds = predictor.model.codec_embedding[group](code.view(1, 1))
-        return codes
+            count, inputs = (2, (self.last_hidden, code)) if group == 0 else (1, (code,))
+            if self._predictor_steps:
+                logits = replay_at(self._predictor_steps[group], cache, count, *inputs)
+            else:
+                logits = self._predictor_logits(group, code, self.last_hidden if group == 0 else None)
+            code = choose(logits, sampling, generator).view(1, 1)
+            codes.append(code)
+        return torch.cat(codes, dim=1)[0].tolist()
 
     def codec_embedding_sum(self, codes: list[int]) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of one frame [1, 1, hidden], the Talker's input for the next step."""

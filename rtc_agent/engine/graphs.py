@@ -1,0 +1,44 @@
+"""CUDA-graphed decode steps: each step's hundreds of small kernels replayed as one graph launch.
+
+A captured step reads its inputs from static tensors and writes its outputs to static tensors; the KV cache
+position comes from `StaticKVCache.position`, set before each replay. One graph per session and stack: a graph is
+bound to the cache buffers it was captured with.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .kv_cache import StaticKVCache
+
+
+class CapturedStep:
+    """`fn(*inputs)` captured once; calling the object copies new inputs in and replays."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *example_inputs: torch.Tensor):
+        self.inputs = [x.clone() for x in example_inputs]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up runs (library workspaces, lazy init) stay out of the graph
+            for _ in range(2):
+                fn(*self.inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = fn(*self.inputs)
+
+    def __call__(self, *inputs: torch.Tensor):
+        for static, value in zip(self.inputs, inputs):
+            static.copy_(value)
+        self.graph.replay()
+        return self.outputs
+
+
+def replay_at(step: CapturedStep, cache: StaticKVCache, count: int, *inputs: torch.Tensor):
+    """Replay a step that appends `count` positions at the end of `cache`."""
+    cache.begin(count)
+    cache.position.fill_(cache.length)
+    outputs = step(*inputs)
+    cache.commit()
+    return outputs
