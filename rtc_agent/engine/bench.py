@@ -97,17 +97,48 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         busy_s += time.perf_counter() - turn_started
         audio_s += frames * FRAME_S
         _log(args, f"turn {turn}: ttfp {ttfp[-1]:.1f} ms, {frames} frames")
+    stages = await engine.run(_stage_times, session._conversation) if engine.speech else {}
     await session.close()
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
         "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
         "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "ttfp_ms": _percentiles(ttfp), "frame_ms": _percentiles(frame_ms),
         "rtf": round(busy_s / audio_s, 3) if audio_s else None, "startup_s": round(ready - started, 1),
-        "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()),
+        "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,
     }
     if args.compare_stock:
         result["stock"] = _bench_stock(engine, instructions, args)
         result["ttfp_speedup"] = round(result["stock"]["ttfp_ms"]["p50"] / result["ttfp_ms"]["p50"], 1)
+    return result
+
+
+def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:
+    """Median cost of each stage of one steady-state frame, host synchronisation included."""
+    engine, talker = conversation.core, conversation.talker
+    sampling = conversation.options
+    text = engine.tts["pad"]
+    codes = [0] * engine.model.config.talker_config.num_code_groups
+    stages = {
+        "thinker_token": lambda: conversation._decode_text(0),
+        "talker_step": lambda: talker.step(codes, text, sampling.talker_sampling, conversation.generator),
+        "code_predictor_15": lambda: talker.residual_codes(0, sampling.predictor_sampling, conversation.generator),
+        "code2wav_frame": lambda: (conversation.code2wav.push(torch.tensor(codes, device=engine.device)).cpu(),
+                                   conversation.code2wav.cache.crop(conversation.code2wav.cache.length - 1)),
+    }
+    thinker_length, talker_length = conversation.cache.length, talker.cache.length
+    result = {}
+    for name, stage in stages.items():
+        times = []
+        for _ in range(repeats):
+            _sync(engine)
+            began = time.perf_counter()
+            stage()
+            _sync(engine)
+            times.append((time.perf_counter() - began) * 1e3)
+        result[name] = round(float(np.median(times)), 2)
+    conversation.cache.crop(thinker_length)
+    talker.cache.crop(talker_length)
+    conversation.code2wav.reset()
     return result
 
 

@@ -12,7 +12,7 @@ import torch
 from . import audio_input
 from .code2wav import StreamingCode2Wav
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame, TextDelta
-from .graphs import CapturedStep, replay_at
+from .graphs import CapturedStep, PaddedPrefill, replay_at
 from .kv_cache import StaticKVCache
 from .options import SessionOptions
 from .sampling import choose
@@ -75,7 +75,10 @@ class Conversation:
         self.segments: list[Segment] = []
         self.turn: Segment | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
-        self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device)) if graphs else None
+        self._thinker_step = self._thinker_prefill_graph = None
+        if graphs:
+            self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device))
+            self._thinker_prefill_graph = PaddedPrefill(self._thinker_stack, self.cache, thinker_cfg.hidden_size, core.dtype)
         self.generator = torch.Generator(device=core.device)
         self.generator.manual_seed(options.seed if options.seed is not None else int(torch.seed() % 2**62))
 
@@ -148,9 +151,18 @@ class Conversation:
         if audio:
             mask = (id_tensor == self.ids.audio).unsqueeze(-1).expand_as(embeds)
             embeds = embeds.masked_scatter(mask, torch.cat(audio).to(embeds.dtype))
-        capture = model.config.talker_config.accept_hidden_layer if self.talker is not None else None
-        hidden, captured = run_stack(lm, embeds, self.cache, mrope=True, capture_layer=capture)
+        if self._thinker_prefill_graph is not None and self._thinker_prefill_graph.fits(embeds.shape[1]):
+            hidden, captured = self._thinker_prefill_graph(embeds)
+        else:
+            hidden, captured = self._thinker_stack(embeds, graph_mode=False)
         return hidden, captured, embeds
+
+    def _thinker_stack(self, embeds: torch.Tensor, graph_mode: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Thinker layers over `embeds`; also returns the hidden states the Talker reads (accept_hidden_layer)."""
+        lm = self.core.model.thinker.model.language_model
+        capture = self.core.model.config.talker_config.accept_hidden_layer if self.talker is not None else None
+        hidden, captured = run_stack(lm, embeds, self.cache, mrope=True, capture_layer=capture, graph_mode=graph_mode)
+        return hidden, hidden if captured is None else captured
 
     def _talker_user_part(self, ids: list[int], embeds: torch.Tensor, captured: torch.Tensor) -> torch.Tensor:
         talker = self.core.model.talker

@@ -35,6 +35,9 @@ class CapturedStep:
         return self.outputs
 
 
+PREFILL_GRAPH_POSITIONS = 32  # one graphed prefill covers a 1 s audio chunk (13 tokens) plus turn markers
+
+
 def replay_at(step: CapturedStep, cache: StaticKVCache, count: int, *inputs: torch.Tensor):
     """Replay a step that appends `count` positions at the end of `cache`."""
     cache.begin(count)
@@ -42,3 +45,22 @@ def replay_at(step: CapturedStep, cache: StaticKVCache, count: int, *inputs: tor
     outputs = step(*inputs)
     cache.commit()
     return outputs
+
+
+class PaddedPrefill:
+    """A prefill of up to `size` positions as one graph: shorter inputs are padded with zeros. The padding's keys
+    land beyond the cache's length, where masks hide them and the next write overwrites them."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], cache: StaticKVCache, hidden: int,
+                 dtype: torch.dtype, size: int = PREFILL_GRAPH_POSITIONS) -> None:
+        self.cache, self.size = cache, size
+        self.step = CapturedStep(fn, torch.zeros(1, size, hidden, dtype=dtype, device=cache.position.device))
+
+    def fits(self, count: int) -> bool:
+        return count <= self.size and self.cache.length + self.size <= self.cache.max_len
+
+    def __call__(self, embeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        count = embeds.shape[1]
+        padded = torch.nn.functional.pad(embeds, (0, 0, 0, self.size - count))
+        outputs = replay_at(self.step, self.cache, count, padded)
+        return tuple(out[:, :count] for out in outputs)

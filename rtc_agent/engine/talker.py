@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import CapturedStep, replay_at
+from .graphs import CapturedStep, PaddedPrefill, replay_at
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose
 from .stack import run_stack
@@ -26,6 +26,7 @@ class TalkerState:
         self.last_hidden: torch.Tensor | None = None  # [1, 1, hidden] output at the last position
         self.code0_history: list[int] = []
         self._step: CapturedStep | None = None
+        self._prefill: PaddedPrefill | None = None
         self._predictor_steps: list[CapturedStep] = []
         if graphs:
             self._capture(param)
@@ -35,13 +36,23 @@ class TalkerState:
         hidden = param.new_zeros(1, 1, self.config.text_config.hidden_size)
         code = torch.zeros(1, 1, dtype=torch.long, device=param.device)
         self._step = CapturedStep(lambda e: self._talker_logits(e, graph_mode=True), hidden)
+        self._prefill = PaddedPrefill(lambda e: self._talker_logits(e, graph_mode=True), self.cache,
+                                      self.config.text_config.hidden_size, param.dtype)
         self._predictor_steps = [CapturedStep(lambda h, c: self._predictor_logits(0, c, h, graph_mode=True), hidden, code)]
         self._predictor_steps += [CapturedStep(lambda c, g=g: self._predictor_logits(g, c, graph_mode=True), code)
                                   for g in range(1, self.config.num_code_groups - 1)]
 
+    def _run(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Talker layers over `embeds` at the end of the cache, through a graph where one fits."""
+        if self._step is not None and embeds.shape[1] == 1:
+            return replay_at(self._step, self.cache, 1, embeds)
+        if self._prefill is not None and self._prefill.fits(embeds.shape[1]):
+            return self._prefill(embeds)
+        return self._talker_logits(embeds)
+
     def _talker_logits(self, embeds: torch.Tensor, graph_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, _ = run_stack(self.talker.model, embeds, self.cache, mrope=True, graph_mode=graph_mode)
-        return hidden, self.talker.codec_head(hidden[:, -1])
+        return hidden, self.talker.codec_head(hidden)
 
     def _predictor_logits(self, group: int, code: torch.Tensor, last_hidden: torch.Tensor | None = None,
                           graph_mode: bool = False) -> torch.Tensor:
@@ -58,7 +69,7 @@ class TalkerState:
     def prefill_user_part(self, embeds: torch.Tensor) -> None:
         """Append a piece of a user turn (Talker input embeddings [1, T, hidden]) to the kept user context."""
         self.cache.crop(self.user_length)
-        run_stack(self.talker.model, embeds, self.cache, mrope=True)
+        self._run(embeds)
         self.user_length = self.cache.length
 
     def end_answer(self) -> None:
@@ -82,11 +93,9 @@ class TalkerState:
         return self._forward(text + codec, sampling, generator)
 
     def _forward(self, embeds: torch.Tensor, sampling: Sampling, generator) -> int:
-        if self._step is not None and embeds.shape[1] == 1:
-            hidden, logits = replay_at(self._step, self.cache, 1, embeds)
-        else:
-            hidden, logits = self._talker_logits(embeds)
+        hidden, logits = self._run(embeds)
         self.last_hidden = hidden[:, -1:].clone()
+        logits = logits[:, -1]
         previous = torch.tensor([self.code0_history], device=logits.device) if self.code0_history else None
         code0 = int(choose(logits, sampling, generator, previous, self.suppress))
         self.code0_history.append(code0)
@@ -111,8 +120,7 @@ class TalkerState:
 
     def codec_embedding_sum(self, codes: list[int]) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of one frame [1, 1, hidden], the Talker's input for the next step."""
-        device = self.last_hidden.device
-        ids = torch.tensor(codes, device=device).view(-1, 1, 1)
+        ids = torch.tensor(codes, device=self.suppress.device).view(-1, 1, 1)
         parts = [self.talker.get_input_embeddings()(ids[0])]
         parts += [emb(ids[g + 1]) for g, emb in enumerate(self.talker.code_predictor.model.codec_embedding)]
         return torch.cat(parts, dim=1).sum(1, keepdim=True)
