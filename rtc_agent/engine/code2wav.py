@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .graphs import CapturedStep, replay_at
 from .kv_cache import StaticKVCache
 from .stack import run_stack
 
@@ -18,7 +19,7 @@ UPSAMPLER_CONTEXT_FRAMES = 6  # the upsampler's receptive field in frames: 6 is 
 
 
 class StreamingCode2Wav:
-    def __init__(self, code2wav, max_frames: int, context: int = UPSAMPLER_CONTEXT_FRAMES) -> None:
+    def __init__(self, code2wav, max_frames: int, context: int = UPSAMPLER_CONTEXT_FRAMES, graphs: bool = False) -> None:
         self.model = code2wav
         config = code2wav.config
         self.samples_per_frame = int(code2wav.total_upsample)
@@ -27,6 +28,15 @@ class StreamingCode2Wav:
         self.cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, window=config.sliding_window)
         self.hidden: torch.Tensor | None = None  # transformer output of the last `context` frames [1, hidden, frames]
         self.lag = self._tail_loss()
+        # Once `context` frames are in, shapes no longer change: each frame is one graph replay over a static
+        # history buffer.
+        self._steady: CapturedStep | None = None
+        self._history = param.new_zeros(1, config.hidden_size, context + 1)
+        self._in_graph = False
+        if graphs:
+            codes = torch.zeros(config.num_quantizers, dtype=torch.long, device=param.device)
+            self._steady = CapturedStep(lambda c: self._push(c, self._history, graph_mode=True)[0], codes)
+            self.reset()
 
     def _tail_loss(self) -> int:
         """Samples a forward holds back at its end (555 for the released config), found by decoding one frame."""
@@ -39,11 +49,12 @@ class StreamingCode2Wav:
     def reset(self) -> None:
         self.cache.crop(0)
         self.hidden = None
+        self._in_graph = False
 
-    def _transform(self, codes: torch.Tensor) -> torch.Tensor:
+    def _transform(self, codes: torch.Tensor, graph_mode: bool = False) -> torch.Tensor:
         model = self.model
         embeds = model.code_embedding(codes + model.code_offset).mean(1)
-        out, _ = run_stack(model.pre_transformer, embeds, self.cache, mrope=False)
+        out, _ = run_stack(model.pre_transformer, embeds, self.cache, mrope=False, graph_mode=graph_mode)
         return out.permute(0, 2, 1)
 
     def _upsample(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -56,11 +67,25 @@ class StreamingCode2Wav:
 
     def push(self, codes: torch.Tensor) -> torch.Tensor:
         """Decode one frame of codes [num_quantizers] and return its 1920 samples (float32, on the model's device)."""
-        hidden = self._transform(codes.view(1, -1, 1))
-        previous = 0 if self.hidden is None else min(self.hidden.shape[-1], self.context)
-        self.hidden = hidden if self.hidden is None else torch.cat((self.hidden, hidden), dim=-1)[..., -(self.context + 1):]
-        wav = self._upsample(self.hidden)[0, 0].float()
+        if self._steady is not None and self.cache.length > self.context:
+            if not self._in_graph:
+                self._history.copy_(self.hidden)
+                self._in_graph = True
+            return replay_at(self._steady, self.cache, 1, codes).clone()
+        wav, self.hidden = self._push(codes, self.hidden)
+        return wav
+
+    def _push(self, codes: torch.Tensor, history: torch.Tensor | None, graph_mode: bool = False):
+        """Returns the frame's samples and the new history (transformer output of the last context + 1 frames)."""
+        hidden = self._transform(codes.view(1, -1, 1), graph_mode)
+        previous = 0 if history is None else min(history.shape[-1], self.context)
+        window = hidden if history is None else torch.cat((history, hidden), dim=-1)[..., -(self.context + 1):]
+        if graph_mode:
+            history.copy_(window)
+        wav = self._upsample(window)[0, 0].float()
         start = previous * self.samples_per_frame - self.lag  # where this frame's samples begin in `wav`
         if start < 0:
-            return torch.cat((wav.new_zeros(-start), wav[: self.samples_per_frame + start]))
-        return wav[start: start + self.samples_per_frame]
+            wav = torch.cat((wav.new_zeros(-start), wav[: self.samples_per_frame + start]))
+        else:
+            wav = wav[start: start + self.samples_per_frame]
+        return wav, window

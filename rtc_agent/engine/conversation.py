@@ -71,7 +71,9 @@ class Conversation:
         graphs = core.cuda_graphs
         talker_len = core.options.context_tokens + core.options.max_frames + 16
         self.talker = TalkerState(core.model, talker_len, graphs) if core.speech else None
-        self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1) if core.speech else None
+        if self.talker is not None and graphs:
+            self.talker.capture_predictor(options.predictor_sampling)
+        self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1, graphs=graphs) if core.speech else None
         self.segments: list[Segment] = []
         self.turn: Segment | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded

@@ -56,10 +56,10 @@ class StaticKVCache:
     def graph_step(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions and mask for `count` queries starting at `self.position`, with fixed shapes: keys are the
         whole buffer, masked. This is what a captured step records; `length` is advanced by the caller."""
-        if self.window is not None:
-            raise NotImplementedError("graph steps over a sliding-window cache")
         self.graph_positions = self.position + torch.arange(count, device=self.position.device)
         mask = self._key_index[None, :] <= self.graph_positions[:, None]
+        if self.window is not None:
+            mask &= self._key_index[None, :] > self.graph_positions[:, None] - self.window
         return self.graph_positions, mask[None, None]
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):

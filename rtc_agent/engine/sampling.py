@@ -24,9 +24,19 @@ class Sampling:
             raise ValueError("top_k must be >= 0 and repetition_penalty > 0")
 
 
-def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
-           previous: torch.Tensor | None = None, suppress: torch.Tensor | None = None) -> torch.Tensor:
-    """Pick one token id per row of `logits` [rows, vocab]; returns a LongTensor [rows] on the logits' device."""
+def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Gumbel(0, 1) noise: argmax(log p + noise) is a sample from p (the Gumbel-max trick)."""
+    uniform = torch.rand(shape, generator=generator, device=device).clamp_(min=1e-20)
+    return -torch.log(-torch.log(uniform))
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None,
+           previous: torch.Tensor | None = None, suppress: torch.Tensor | None = None,
+           noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Pick one token id per row of `logits` [rows, vocab]; returns a LongTensor [rows] on the logits' device.
+
+    Sampling draws through the Gumbel-max trick, so it is free of host synchronisation and can run inside a CUDA
+    graph when `noise` (from `gumbel_noise`) is given instead of `generator`."""
     scores = logits.float()
     if previous is not None and previous.numel() and sampling.repetition_penalty != 1.0:
         seen = scores.gather(1, previous)
@@ -45,5 +55,6 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
         cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
         drop = cumulative - sorted_scores.softmax(dim=-1) > sampling.top_p  # keep the smallest set reaching top_p
         scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, float("-inf")))
-    probs = scores.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if noise is None:
+        noise = gumbel_noise(scores.shape, generator, scores.device)
+    return (scores + noise).argmax(dim=-1)

@@ -6,7 +6,7 @@ import torch
 
 from .graphs import CapturedStep, PaddedPrefill, replay_at
 from .kv_cache import StaticKVCache
-from .sampling import Sampling, choose
+from .sampling import Sampling, choose, gumbel_noise
 from .stack import run_stack
 
 
@@ -27,20 +27,28 @@ class TalkerState:
         self.code0_history: list[int] = []
         self._step: CapturedStep | None = None
         self._prefill: PaddedPrefill | None = None
-        self._predictor_steps: list[CapturedStep] = []
+        self._predictor_graphs: dict[Sampling, CapturedStep] = {}
+        self.graphs = graphs
         if graphs:
             self._capture(param)
 
     def _capture(self, param: torch.Tensor) -> None:
-        """CUDA graphs for the one-position Talker step and the 15 code-predictor steps."""
+        """CUDA graphs for the one-position Talker step and short prefills."""
         hidden = param.new_zeros(1, 1, self.config.text_config.hidden_size)
-        code = torch.zeros(1, 1, dtype=torch.long, device=param.device)
         self._step = CapturedStep(lambda e: self._talker_logits(e, graph_mode=True), hidden)
         self._prefill = PaddedPrefill(lambda e: self._talker_logits(e, graph_mode=True), self.cache,
                                       self.config.text_config.hidden_size, param.dtype)
-        self._predictor_steps = [CapturedStep(lambda h, c: self._predictor_logits(0, c, h, graph_mode=True), hidden, code)]
-        self._predictor_steps += [CapturedStep(lambda c, g=g: self._predictor_logits(g, c, graph_mode=True), code)
-                                  for g in range(1, self.config.num_code_groups - 1)]
+
+    def capture_predictor(self, sampling: Sampling) -> CapturedStep:
+        """All 15 code-predictor steps, sampling included, as one CUDA graph (one per sampling setting)."""
+        if sampling not in self._predictor_graphs:
+            hidden = self.cache.keys[0].new_zeros(1, 1, self.config.text_config.hidden_size)
+            code0 = torch.zeros(1, 1, dtype=torch.long, device=hidden.device)
+            noise = torch.zeros(self.config.num_code_groups - 1, self.config.code_predictor_config.vocab_size,
+                                device=hidden.device)
+            self._predictor_graphs[sampling] = CapturedStep(
+                lambda h, c, n: self._predict(h, c, sampling, n, graph_mode=True), hidden, code0, noise)
+        return self._predictor_graphs[sampling]
 
     def _run(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Talker layers over `embeds` at the end of the cache, through a graph where one fits."""
@@ -54,17 +62,24 @@ class TalkerState:
         hidden, _ = run_stack(self.talker.model, embeds, self.cache, mrope=True, graph_mode=graph_mode)
         return hidden, self.talker.codec_head(hidden)
 
-    def _predictor_logits(self, group: int, code: torch.Tensor, last_hidden: torch.Tensor | None = None,
-                          graph_mode: bool = False) -> torch.Tensor:
-        """Logits of code `group + 1`: step 0 reads [talker hidden, embed(code 0)], step g reads
-        codec_embedding[g-1](code g); each has its own lm_head."""
-        predictor = self.talker.code_predictor
-        if group == 0:
-            embeds = torch.cat((last_hidden, self.talker.get_input_embeddings()(code)), dim=1)
-        else:
-            embeds = predictor.model.codec_embedding[group - 1](code)
-        hidden, _ = run_stack(predictor.model, embeds, self.predictor_cache, mrope=False, graph_mode=graph_mode)
-        return predictor.lm_head[group](hidden[:, -1])
+    def _predict(self, last_hidden: torch.Tensor, code0: torch.Tensor, sampling: Sampling, noise: torch.Tensor,
+                 graph_mode: bool = False) -> torch.Tensor:
+        """Codes 1..15 [15] from the Talker's last hidden state and code 0: step 0 reads [hidden, embed(code 0)],
+        step g reads codec_embedding[g-1](code g); each step has its own lm_head."""
+        predictor, cache = self.talker.code_predictor, self.predictor_cache
+        cache.crop(0)
+        code, codes = code0, []
+        for group in range(self.config.num_code_groups - 1):
+            if group == 0:
+                embeds = torch.cat((last_hidden, self.talker.get_input_embeddings()(code)), dim=1)
+            else:
+                embeds = predictor.model.codec_embedding[group - 1](code)
+            if graph_mode:
+                cache.position.fill_(0 if group == 0 else group + 1)
+            hidden, _ = run_stack(predictor.model, embeds, cache, mrope=False, graph_mode=graph_mode)
+            code = choose(predictor.lm_head[group](hidden[:, -1]), sampling, noise=noise[group:group + 1]).view(1, 1)
+            codes.append(code)
+        return torch.cat(codes, dim=1)[0]
 
     def prefill_user_part(self, embeds: torch.Tensor) -> None:
         """Append a piece of a user turn (Talker input embeddings [1, T, hidden]) to the kept user context."""
@@ -102,21 +117,13 @@ class TalkerState:
         return code0
 
     def residual_codes(self, code0: int, sampling: Sampling, generator) -> list[int]:
-        """Codes 1..15 of the frame whose code 0 was just chosen. They stay on the device until the frame is
-        complete: one host synchronisation per frame."""
-        cache = self.predictor_cache
-        cache.crop(0)
+        """Codes 1..15 of the frame whose code 0 was just chosen (one host synchronisation)."""
         code = torch.tensor([[code0]], device=self.last_hidden.device)
-        codes = []
-        for group in range(self.config.num_code_groups - 1):
-            count, inputs = (2, (self.last_hidden, code)) if group == 0 else (1, (code,))
-            if self._predictor_steps:
-                logits = replay_at(self._predictor_steps[group], cache, count, *inputs)
-            else:
-                logits = self._predictor_logits(group, code, self.last_hidden if group == 0 else None)
-            code = choose(logits, sampling, generator).view(1, 1)
-            codes.append(code)
-        return torch.cat(codes, dim=1)[0].tolist()
+        shape = (self.config.num_code_groups - 1, self.config.code_predictor_config.vocab_size)
+        noise = gumbel_noise(shape, generator, code.device)
+        if self.graphs:
+            return self.capture_predictor(sampling)(self.last_hidden, code, noise).tolist()
+        return self._predict(self.last_hidden, code, sampling, noise).tolist()
 
     def codec_embedding_sum(self, codes: list[int]) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of one frame [1, 1, hidden], the Talker's input for the next step."""
