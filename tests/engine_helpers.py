@@ -1,11 +1,10 @@
 """Shared pieces of the engine tests: the engine under test, caller audio, and running one turn."""
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
 from rtc_agent.engine import Engine, EngineOptions, ResponseDone, SessionOptions, SpeechFrame, TextDelta
+from rtc_support import run  # noqa: F401  (a loop of its own: Playwright may hold the main thread's)
 
 _engines: dict[EngineOptions, Engine] = {}
 
@@ -27,10 +26,6 @@ def caller_audio(seconds: float, seed: int = 0) -> np.ndarray:
     voiced = sum(np.sin(k * phase) / k for k in range(1, 6))
     envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2
     return (0.2 * voiced * envelope + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 async def one_turn(session, audio: np.ndarray, piece: int = 320, cancel_after: int | None = None,

@@ -80,6 +80,27 @@ def test_barge_in_stops_within_a_frame_and_keeps_only_the_heard_text():
     assert not after[2].interrupted and after[2].frames == 30
 
 
+def test_barge_in_after_the_answer_was_made_trims_the_history():
+    engine = engine_for(prefill_chunk_s=0)
+    session = engine.new_session(greedy(max_answer_tokens=12, max_frames=12))
+
+    async def answer_then_late_cancel():
+        _, frames, done = await one_turn(session, caller_audio(1.0))
+        await session.cancel(frames_played=4)  # the caller spoke while frame 5 was playing
+        return done, session._conversation.segments[-1].ids, session._conversation.cache.length
+
+    done, history, length = run(answer_then_late_cancel())
+    ids = engine.ids
+    assert history == [ids.im_start, ids.assistant, ids.newline, *done.token_ids[:4], ids.im_end, ids.newline]
+    assert length == sum(len(s.ids) for s in session._conversation.segments)
+
+
+def test_speech_cut_by_its_length_limit_ends_the_text_too():
+    engine = engine_for(prefill_chunk_s=0)
+    texts, frames, done = run(one_turn(engine.new_session(greedy(max_answer_tokens=20, max_frames=5)), caller_audio(1.0)))
+    assert len(frames) == 5 and len(texts) == 5 and not done.interrupted
+
+
 def test_text_only_engine_loads_no_talker_and_streams_text():
     engine = engine_for(text_only=True)
     speech = engine_for(prefill_chunk_s=0)

@@ -99,7 +99,7 @@ def test_chunked_prefill_encodes_while_the_caller_talks():
 def test_chunked_prefill_first_tokens_equal_stock_when_off():
     engine = engine_for(prefill_chunk_s=0)
     audio = caller_audio(1.5, seed=5)
-    texts, _, _ = run(one_turn(engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=2)), audio))
+    texts, _, _ = run(one_turn(engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=5)), audio))
     stock_ids, _, _ = stock_generate(engine, greedy().instructions, [(audio, None)])
     assert [t.token_id for t in texts][:4] == stock_ids[:4]
 

@@ -75,6 +75,7 @@ class Conversation:
             self.talker.capture_predictor(options.predictor_sampling)
         self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1, graphs=graphs) if core.speech else None
         self.segments: list[Segment] = []
+        self._last_answer: tuple[int, list[int]] | None = None  # (cache position, tokens) of the latest answer
         self.turn: Segment | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
         self._thinker_step = self._thinker_prefill_graph = None
@@ -237,11 +238,13 @@ class Conversation:
         try:
             if self.talker is not None:
                 frames, thinker_done = yield from self._speak(tokens, token, thinker_done, header, started, metrics, frame_times)
-            yield from self._finish_text(tokens, thinker_done)  # text only, or speech ended first
+                thinker_done = thinker_done or frames >= opts.max_frames  # cut by the length limit: text stops too
+            yield from self._finish_text(tokens, thinker_done)  # text only, or the Talker ended before the text
         finally:
             interrupted = self._interrupted_at is not None
             kept = tokens if self.talker is None or not interrupted else tokens[: self._interrupted_at]
             self._close_answer(answer_start, header, kept)
+            self._last_answer = (answer_start, tokens) if self.talker is not None else None
             if frame_times:
                 metrics["frame_ms_p50"] = float(np.percentile(frame_times, 50) * 1e3)
                 metrics["frame_ms_p90"] = float(np.percentile(frame_times, 90) * 1e3)
@@ -308,6 +311,22 @@ class Conversation:
 
     def interrupt(self, frames_played: int) -> None:
         self._interrupted_at = max(0, frames_played)
+
+    def trim_last_answer(self, frames_played: int) -> None:
+        """A barge-in that lands after the answer was made but before it was all heard: keep only the text of the
+        first `frames_played` frames in the history, as `interrupt` does during the answer."""
+        if self._last_answer is None:
+            return
+        answer_start, tokens = self._last_answer
+        kept = tokens[:max(0, frames_played)]
+        header = self.segments[-1].ids[:3]
+        if len(header) + len(kept) + 2 >= len(self.segments[-1].ids):
+            return  # all of it was heard
+        self.cache.crop(answer_start)
+        self.segments[-1] = Segment("assistant", header + kept + [self.ids.im_end, self.ids.newline])
+        self._thinker_prefill(self.segments[-1].ids, [])
+        if self.turn is not None and self.turn.ids:  # the caller's next turn had started: prefill it again after
+            self._thinker_prefill(self.turn.ids, self.turn.audio)
 
     def _choose_text(self, logits: torch.Tensor) -> int:
         return int(choose(logits, self.options.thinker_sampling, self.generator))

@@ -180,9 +180,12 @@ class Session:
 
     async def cancel(self, frames_played: int | None = None) -> None:
         """Barge-in: stop the answer within one frame. `frames_played` is how many frames the caller heard (the
-        history keeps only their text); None keeps everything made so far."""
+        history keeps only their text); None keeps everything made so far. After `respond()` has finished (the
+        answer was made faster than it was played), the history of the latest answer is trimmed the same way."""
         if self._answering:
             self._interrupt = frames_played if frames_played is not None else 1 << 30
+        elif frames_played is not None and self._conversation is not None and not self.closed:
+            await self.engine.run(self._conversation.trim_last_answer, frames_played)
 
     async def close(self) -> None:
         if self.closed:

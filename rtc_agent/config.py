@@ -1,0 +1,168 @@
+"""One settings object for the server: defaults < config file (TOML) < environment (RTC_AGENT_*) < flags."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+VOICES = ("chelsie", "ethan", "aiden")
+DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly and in a friendly, spoken style."
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """How the server decides that the caller's turn started, ended, or interrupts the answer."""
+
+    vad_threshold: float = 0.5  # silero speech probability that counts as speech
+    silence_ms: int = 400  # hang-over: this much silence after speech ends the turn (README says why 400)
+    prefix_padding_ms: int = 300  # audio kept from before the detected speech start
+    min_speech_ms: int = 128  # shorter speech is a false start (cough, click): dropped, no turn
+    barge_in_ms: int = 256  # caller speech this long during an answer interrupts it
+    auto: bool = True  # False: push-to-talk, only input_audio_buffer.commit ends a turn
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    cert: str | None = None  # TLS certificate (PEM)
+    key: str | None = None  # TLS private key (PEM)
+    self_signed: bool = False  # make a self-signed certificate (phones on a LAN need HTTPS)
+    token: str | None = None  # when set, /api/* needs "Authorization: Bearer <token>"
+    max_sessions: int = 4
+    ice_servers: tuple[str, ...] = ()  # stun:host:port, turn:user:pass@host:port?transport=udp
+    ice_host_addresses: tuple[str, ...] = ()  # host candidate addresses; empty: all but loopback (aioice)
+    model: str = "tiny"
+    device: str = "auto"
+    voice: str = "ethan"
+    instructions: str = DEFAULT_INSTRUCTIONS
+    max_answer_s: float = 30.0  # an answer's speech stops after this long (the random-weight tiny model never ends)
+    turn: TurnSettings = field(default_factory=TurnSettings)
+    peer_timeout_s: float = 5.0  # no inbound audio this long: the peer is gone, the call is ended
+    max_body_bytes: int = 256 * 1024
+    web_dir: str = str(WEB_DIR)
+    log_level: str = "INFO"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if (self.cert or self.self_signed) else "http"
+
+
+_TURN_FIELDS = {f.name: f for f in dataclasses.fields(TurnSettings)}
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "turn"}
+
+
+def _convert(value: Any, default: Any, name: str) -> Any:
+    """Turns a string (env, flag) or TOML value into the type of the field's default."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{name}: expected a boolean, got {value!r}")
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return tuple(str(v) for v in value)
+    if isinstance(default, int):
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    return None if value is None else str(value)
+
+
+def _load_file(path: str) -> dict[str, Any]:
+    import tomllib
+
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def build_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> Settings:
+    """Merges the sources; a flag left as None does not override. Turn settings are flat: silence_ms etc."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    config_file = config_file or env.get("RTC_AGENT_CONFIG")
+    if config_file:
+        data = _load_file(config_file)
+        values.update({k: v for k, v in data.items() if k != "turn"})
+        values.update(data.get("turn", {}))
+    for name in (*_FIELDS, *_TURN_FIELDS):
+        key = "RTC_AGENT_" + name.upper()
+        if key in env:
+            values[name] = env[key]
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+
+    unknown = set(values) - set(_FIELDS) - set(_TURN_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
+    top = {k: _convert(v, _FIELDS[k].default, k) for k, v in values.items() if k in _FIELDS}
+    turn = {k: _convert(v, _TURN_FIELDS[k].default, k) for k, v in values.items() if k in _TURN_FIELDS}
+    settings = Settings(**top, turn=TurnSettings(**turn))
+    validate(settings)
+    return settings
+
+
+def validate(s: Settings) -> None:
+    if s.voice not in VOICES:
+        raise ValueError(f"voice must be one of {', '.join(VOICES)}")
+    if bool(s.cert) != bool(s.key):
+        raise ValueError("--cert and --key go together")
+    if not 0.08 <= s.max_answer_s <= 600:
+        raise ValueError("max_answer_s must be between 0.08 and 600")
+    if s.max_sessions < 1:
+        raise ValueError("max_sessions must be at least 1")
+    t = s.turn
+    if not 0.0 < t.vad_threshold < 1.0:
+        raise ValueError("vad_threshold must be between 0 and 1")
+    for name in ("silence_ms", "min_speech_ms", "barge_in_ms", "prefix_padding_ms"):
+        if not 0 <= getattr(t, name) <= 10_000:
+            raise ValueError(f"{name} must be between 0 and 10000")
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `rtc-agent serve`. Every flag defaults to None so that env and file values show through."""
+    d = Settings()
+    t = d.turn
+    p.add_argument("--config", help="TOML settings file (same names as the flags, [turn] table allowed)")
+    p.add_argument("--host", help=f"address to listen on (default {d.host}; 0.0.0.0 for a LAN)")
+    p.add_argument("--port", type=int, help=f"port (default {d.port})")
+    p.add_argument("--cert", help="TLS certificate, PEM")
+    p.add_argument("--key", help="TLS private key, PEM")
+    p.add_argument("--self-signed", action="store_true", default=None,
+                   help="serve HTTPS with a generated self-signed certificate (phones on a LAN)")
+    p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/* (the page takes ?token=)")
+    p.add_argument("--max-sessions", type=int, help=f"concurrent calls (default {d.max_sessions}); more get 503")
+    p.add_argument("--ice-server", dest="ice_servers", action="append",
+                   help="STUN/TURN server, repeatable: stun:host:port or turn:user:pass@host:port?transport=udp")
+    p.add_argument("--ice-host-address", dest="ice_host_addresses", action="append",
+                   help="use only these addresses for host ICE candidates (e.g. 127.0.0.1 for loopback tests)")
+    p.add_argument("--model", help=f"engine model (default {d.model}: the built-in tiny model)")
+    p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {d.device})")
+    p.add_argument("--voice", choices=VOICES, help=f"default voice (default {d.voice})")
+    p.add_argument("--instructions", help="default system prompt")
+    p.add_argument("--max-answer-s", type=float, help=f"longest spoken answer in seconds (default {d.max_answer_s})")
+    p.add_argument("--vad-threshold", type=float, help=f"speech probability threshold (default {t.vad_threshold})")
+    p.add_argument("--silence-ms", type=int, help=f"silence that ends a turn (default {t.silence_ms})")
+    p.add_argument("--prefix-padding-ms", type=int, help=f"audio kept before speech start ({t.prefix_padding_ms})")
+    p.add_argument("--min-speech-ms", type=int, help=f"shorter speech is ignored (default {t.min_speech_ms})")
+    p.add_argument("--barge-in-ms", type=int, help=f"caller speech that interrupts an answer ({t.barge_in_ms})")
+    p.add_argument("--peer-timeout-s", type=float, help=f"end a call after this long without audio ({d.peer_timeout_s})")
+    p.add_argument("--web-dir", help="folder served at / (default: the project's web/)")
+    p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    flags = {k: v for k, v in vars(args).items() if k in _FIELDS or k in _TURN_FIELDS}
+    return build_settings(flags, config_file=getattr(args, "config", None))

@@ -1,0 +1,334 @@
+"""One call's turn-taking: listening -> thinking -> speaking -> listening, with barge-in and push-to-talk.
+
+The caller's audio arrives as 32 ms chunks (16 kHz mono float32). While the caller speaks, the chunks stream
+into the engine session (it prefills as it goes); when the turn ends, the engine answers, and the answer's
+frames go to the outbound track. Every engine call runs on one worker task, in the order it was asked for, so
+audio spoken during an answer (a barge-in) reaches the engine after that answer has been cut.
+
+Events go out through `send` as JSON-ready dicts named after OpenAI Realtime events.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import enum
+import itertools
+import logging
+import math
+import time
+from typing import Any, AsyncIterator, Callable, Protocol
+
+import numpy as np
+
+from .config import TurnSettings
+from .engine.events import ResponseDone, SpeechFrame, TextDelta
+from .media.outbound import PACKET_S, OutboundAudioTrack, Playout
+from .media.vad import CHUNK_MS, Signal, TurnDetector
+
+log = logging.getLogger(__name__)
+
+
+class EngineSession(Protocol):
+    """What a conversation needs from rtc_agent.engine's session."""
+
+    async def push_audio(self, samples: np.ndarray) -> None: ...
+    async def abort_turn(self) -> None: ...
+    def respond(self) -> AsyncIterator[TextDelta | SpeechFrame | ResponseDone]: ...
+    async def cancel(self, frames_played: int) -> None: ...
+    def update(self, **changes: Any) -> None: ...
+    async def close(self) -> None: ...
+
+
+class State(str, enum.Enum):
+    LISTENING = "listening"
+    THINKING = "thinking"  # the turn ended; no answer audio out yet
+    SPEAKING = "speaking"
+    INTERRUPTED = "interrupted"  # the answer was cut; the engine is winding down
+
+
+@dataclasses.dataclass
+class Answer:
+    id: str
+    turn_end_at: float  # time.monotonic() when the turn was over (hang-over elapsed, or commit)
+    speech_end_at: float  # when the caller's speech itself stopped (turn_end_at minus the hang-over)
+    playout: Playout | None = None
+    respond_at: float | None = None  # when the engine was asked for the answer (after the turn's audio went in)
+    cancelled: bool = False
+
+
+class Conversation:
+    def __init__(
+        self,
+        session: EngineSession,
+        track: OutboundAudioTrack,
+        send: Callable[[dict[str, Any]], None],
+        vad: Callable[[np.ndarray], float],
+        turn: TurnSettings,
+        on_answer: Callable[[dict[str, Any]], None] = lambda metrics: None,
+    ) -> None:
+        self.session = session
+        self.track = track
+        self.turn = turn
+        self.state = State.LISTENING
+        self._send = send
+        self._vad = vad
+        self._on_answer = on_answer
+        self._detector = TurnDetector(turn.vad_threshold, turn.silence_ms, turn.min_speech_ms)
+        self._unpushed: collections.deque[np.ndarray] = self._preroll()
+        self._held: list[np.ndarray] = []  # caller speech during an answer, before it counts as a barge-in
+        self._in_turn = False
+        self._turn_confirmed = False
+        self._speech_start_ms = 0
+        self._clock_ms = 0  # audio time since the call started
+        self._answer: Answer | None = None  # the answer being thought or spoken
+        self._ids = itertools.count(1)
+        self._ops: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._worker = asyncio.create_task(self._work(), name="conversation-worker")
+        self._side_tasks: set[asyncio.Task[None]] = set()
+
+    # ---- caller audio -------------------------------------------------------------------------------------
+    def feed(self, chunk: np.ndarray) -> None:
+        """One 32 ms chunk of caller audio."""
+        p = self._vad(chunk)
+        signal = self._detector.feed(p)
+        self._clock_ms += CHUNK_MS
+        if self._answer is not None and self.state != State.INTERRUPTED:
+            self._during_answer(chunk, signal)
+        else:
+            self._listening(chunk, signal)
+
+    def _listening(self, chunk: np.ndarray, signal: Signal | None) -> None:
+        if signal in (Signal.ONSET, Signal.CONFIRMED) and not self._in_turn:
+            self._begin_turn([*self._unpushed, chunk])
+        elif self._in_turn and (self._detector.active or signal in (Signal.ENDED, Signal.FALSE_START)):
+            self._push([*self._unpushed, chunk])  # (the pre-roll when push-to-talk speech resumes)
+            self._unpushed.clear()
+        else:
+            self._unpushed.append(chunk)
+        if signal is Signal.CONFIRMED:
+            self._confirm_turn()
+        elif signal is Signal.FALSE_START and not self._turn_confirmed:
+            self._in_turn = False
+            self._ops.put_nowait(("abort", None))
+        elif signal is Signal.ENDED:
+            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms - self.turn.silence_ms)
+            if self.turn.auto:
+                self._end_turn(hangover_ms=self.turn.silence_ms)
+
+    def _during_answer(self, chunk: np.ndarray, signal: Signal | None) -> None:
+        if signal is Signal.ONSET or (signal is Signal.CONFIRMED and not self._held):
+            self._held = [*self._unpushed, chunk]
+            self._unpushed.clear()
+            self._speech_start_ms = self._clock_ms - CHUNK_MS
+        elif self._detector.active or signal is Signal.FALSE_START:
+            self._held.append(chunk)
+        else:
+            self._unpushed.append(chunk)
+        if signal is Signal.CONFIRMED:  # speech for barge_in_ms: the caller takes the floor
+            self._interrupt()
+            self._begin_turn(self._held, start_ms=self._speech_start_ms)
+            self._held = []
+            self._confirm_turn()
+        elif signal is Signal.FALSE_START:  # a short "mm-hm", a cough or an echo: the answer goes on
+            self._held = []
+
+    def _begin_turn(self, chunks: list[np.ndarray], start_ms: int | None = None) -> None:
+        self._in_turn, self._turn_confirmed = True, False
+        self._speech_start_ms = self._clock_ms - CHUNK_MS if start_ms is None else start_ms
+        self._unpushed.clear()
+        self._push(chunks)
+
+    def _confirm_turn(self) -> None:
+        self._turn_confirmed = True
+        self._emit("input_audio_buffer.speech_started", audio_start_ms=self._speech_start_ms)
+
+    def _push(self, chunks: list[np.ndarray]) -> None:
+        if chunks:
+            self._ops.put_nowait(("audio", np.concatenate(chunks)))
+
+    def _end_turn(self, hangover_ms: int = 0) -> None:
+        now = time.monotonic()
+        self._in_turn = self._turn_confirmed = False
+        answer = Answer(id=f"resp_{next(self._ids)}", turn_end_at=now, speech_end_at=now - hangover_ms / 1000)
+        self._answer = answer
+        self._detector.min_speech_ms = self.turn.barge_in_ms
+        self._set_state(State.THINKING)
+        self._emit("input_audio_buffer.committed")
+        self._emit("response.created", response={"id": answer.id, "status": "in_progress"})
+        self._ops.put_nowait(("respond", answer))
+
+    # ---- client requests ----------------------------------------------------------------------------------
+    def commit(self) -> None:
+        """input_audio_buffer.commit: the caller's turn is over now (push-to-talk)."""
+        if self._answer is not None and self.state != State.INTERRUPTED:
+            raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
+        if not self._in_turn:
+            raise ConversationError("input_audio_buffer_commit_empty", "no speech since the last turn")
+        if self._detector.active and self._turn_confirmed:
+            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms)
+        self._detector.reset()
+        self._end_turn()
+
+    def cancel_response(self) -> None:
+        """response.cancel."""
+        if self._answer is None or self.state == State.INTERRUPTED:
+            raise ConversationError("response_cancel_not_active", "there is no answer to cancel")
+        self._interrupt()
+
+    def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None) -> None:
+        """session.update; the voice and instructions apply from the next answer (ValueError on bad values)."""
+        changes = {k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None}
+        if changes:
+            self.session.update(**changes)
+        if turn is not None:
+            self.turn = turn
+            self._detector.threshold = turn.vad_threshold
+            self._detector.silence_ms = turn.silence_ms
+            self._detector.min_speech_ms = turn.barge_in_ms if self._answer else turn.min_speech_ms
+            self._unpushed = collections.deque(self._unpushed, maxlen=self._preroll().maxlen)
+
+    # ---- answers ------------------------------------------------------------------------------------------
+    def _interrupt(self) -> None:
+        answer = self._answer
+        if answer is None:
+            return
+        answer.cancelled = True
+        self._set_state(State.INTERRUPTED)
+        self._detector.min_speech_ms = self.turn.min_speech_ms
+        if answer.playout is not None:  # the engine is answering (or done): cut it where the caller stopped hearing
+            self.track.interrupt()
+            self._spawn(self.session.cancel(answer.playout.frames_sent))
+
+    async def _answer_one(self, answer: Answer) -> None:
+        playout = answer.playout = self.track.start_playout()
+        done: ResponseDone | None = None
+        error: str | None = None
+        if answer.cancelled:  # cut before the engine began: its audio stays, the caller's turn goes on
+            playout.interrupt()
+            self._finish_answer(answer, playout, done, error)
+            return
+        answer.respond_at = time.monotonic()
+        try:
+            async for event in self.session.respond():
+                if isinstance(event, TextDelta):
+                    if not answer.cancelled:
+                        self._emit("response.output_audio_transcript.delta", response_id=answer.id, delta=event.text)
+                elif isinstance(event, SpeechFrame):
+                    if not answer.cancelled:
+                        playout.push(event.samples)
+                        if self.state == State.THINKING:
+                            self._set_state(State.SPEAKING)
+                elif isinstance(event, ResponseDone):
+                    done = event
+            playout.finish()
+            await playout.done.wait()
+        except Exception as exc:  # the engine failed this answer: say so, keep the call
+            log.exception("answer %s failed", answer.id)
+            error = str(exc) or type(exc).__name__
+            playout.interrupt()
+            self._emit_error("engine_error", error)
+        finally:
+            self._finish_answer(answer, playout, done, error)
+
+    def _finish_answer(self, answer: Answer, playout: Playout, done: ResponseDone | None, error: str | None) -> None:
+        interrupted = answer.cancelled or playout.interrupted or bool(done and done.interrupted)
+        metrics: dict[str, Any] = {
+            "ttfp_ms": _ms(playout.first_packet_at, answer.turn_end_at),
+            "speech_end_to_first_packet_ms": _ms(playout.first_packet_at, answer.speech_end_at),
+            "audio_in_ms": _ms(answer.respond_at, answer.turn_end_at),  # the turn's last audio into the engine
+            "frames": playout.frames_made,
+            "frames_sent": playout.frames_sent,
+            "frames_late": playout.frames_late,
+            "frames_dropped": playout.frames_dropped,
+            "audio_s": round(playout.frames_sent * PACKET_S, 3),
+            "interrupted": interrupted,
+            "engine": dict(done.metrics) if done else {},
+        }
+        status = "failed" if error else ("cancelled" if interrupted else "completed")
+        response = {"id": answer.id, "status": status, "interrupted": interrupted, "metrics": metrics,
+                    "transcript": done.text if done else ""}
+        self._emit("response.done", response=response)
+        self._on_answer(metrics)
+        log.info("answer %s %s: ttfp %s ms, %d frames", answer.id, status, metrics["ttfp_ms"], playout.frames_sent)
+        if self._answer is answer:
+            self._answer = None
+            self._detector.min_speech_ms = self.turn.min_speech_ms
+            self._set_state(State.LISTENING)
+            if self._held:  # the caller was already speaking as the answer ended: that is the next turn
+                self._begin_turn(self._held, start_ms=self._speech_start_ms)
+                self._held = []
+                if self._detector.speech_ms >= self.turn.min_speech_ms:
+                    self._detector.confirmed = True
+                    self._confirm_turn()
+        if self._answer is None and self.state == State.INTERRUPTED:
+            self._set_state(State.LISTENING)
+
+    # ---- the engine worker --------------------------------------------------------------------------------
+    async def _work(self) -> None:
+        following: tuple[str, Any] | None = None
+        while True:
+            kind, arg = following or await self._ops.get()
+            following = None
+            try:
+                if kind == "audio":  # whatever audio queued up goes to the engine in one call
+                    parts = [arg]
+                    while following is None and not self._ops.empty():
+                        following = self._ops.get_nowait()
+                        if following[0] == "audio":
+                            parts.append(following[1])
+                            following = None
+                    await self.session.push_audio(np.concatenate(parts))
+                elif kind == "abort":
+                    await self.session.abort_turn()
+                elif kind == "respond":
+                    await self._answer_one(arg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("engine call %s failed", kind)
+                self._emit_error("engine_error", str(exc) or type(exc).__name__)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_task_done)
+
+    def _side_task_done(self, task: asyncio.Task[None]) -> None:
+        self._side_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine cancel failed: %r", task.exception())
+
+    async def close(self) -> None:
+        self.track.interrupt()
+        self._worker.cancel()
+        for task in list(self._side_tasks):
+            task.cancel()
+        await asyncio.gather(self._worker, *self._side_tasks, return_exceptions=True)
+        await self.session.close()
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    def _preroll(self) -> collections.deque[np.ndarray]:
+        return collections.deque(maxlen=max(1, math.ceil(self.turn.prefix_padding_ms / CHUNK_MS)))
+
+    def _set_state(self, state: State) -> None:
+        if state != self.state:
+            self.state = state
+            self._emit("conversation.state", state=state.value)
+
+    def _emit(self, type_: str, **fields: Any) -> None:
+        self._send({"type": type_, **fields})
+
+    def _emit_error(self, code: str, message: str) -> None:
+        self._send({"type": "error", "error": {"type": "server_error", "code": code, "message": message}})
+
+
+class ConversationError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _ms(t: float | None, since: float) -> float | None:
+    return None if t is None else round((t - since) * 1000, 1)

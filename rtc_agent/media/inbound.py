@@ -1,0 +1,115 @@
+"""Caller audio in: no needless receive buffering, 48 kHz stereo s16 -> 16 kHz mono float32, fixed-size chunks."""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Iterator
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack, RTCPeerConnection
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RtpPacket
+from aiortc.utils import uint16_gt
+
+INPUT_RATE = 16_000
+
+
+class InOrderAudioBuffer(JitterBuffer):
+    """Hands each audio packet to the decoder as it arrives.
+
+    An Opus RTP packet is always a whole frame, so waiting for later packets (aiortc waits for 4: 80 ms on
+    20 ms packets, 320 ms on 80 ms packets) only adds delay. Packets older than the last one handed on arrive
+    too late to play and are dropped; the decoder sees that as a loss.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(capacity=16)
+        self._last: int | None = None
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        if self._last is not None and not uint16_gt(packet.sequence_number, self._last):
+            return False, None
+        self._last = packet.sequence_number
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+def use_low_latency_audio(pc: RTCPeerConnection) -> None:
+    """Gives every audio receiver of `pc` an InOrderAudioBuffer (aiortc keeps its buffer in a private attribute).
+
+    Call it before media flows: after setRemoteDescription on the answering side, after addTransceiver on the
+    offering side.
+    """
+    attr = "_RTCRtpReceiver__jitter_buffer"
+    for transceiver in pc.getTransceivers():
+        if transceiver.kind == "audio" and hasattr(transceiver.receiver, attr):
+            setattr(transceiver.receiver, attr, InOrderAudioBuffer())
+
+
+class Downmixer:
+    """Decoded WebRTC audio frames (s16 or float, packed or planar, any rate) -> mono float32 at `rate`.
+
+    Channels are averaged here: swresample's stereo->mono mixes at -3 dB per channel, which makes the
+    two identical channels of a mono microphone 3 dB louder (and lets full-scale speech clip).
+    """
+
+    def __init__(self, rate: int = INPUT_RATE) -> None:
+        self._rate = rate
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+
+    def __call__(self, frame: av.AudioFrame) -> np.ndarray:
+        data = frame.to_ndarray()
+        channels = len(frame.layout.channels)
+        mono = data.mean(axis=0) if frame.format.is_planar else data.reshape(-1, channels).mean(axis=1)
+        if frame.format.name.startswith("s16"):
+            mono = mono / 32768.0
+        mono = mono.astype(np.float32)
+        if frame.sample_rate == self._rate:
+            return mono
+        mixed = av.AudioFrame.from_ndarray(mono.reshape(1, -1), format="flt", layout="mono")
+        mixed.sample_rate = frame.sample_rate
+        out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(mixed)]
+        return np.concatenate(out).astype(np.float32, copy=False) if out else np.zeros(0, np.float32)
+
+
+class Chunker:
+    """Cuts a stream of samples into chunks of exactly `size` samples."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._pending = np.zeros(0, np.float32)
+
+    def push(self, samples: np.ndarray) -> Iterator[np.ndarray]:
+        buf = np.concatenate([self._pending, samples]) if len(self._pending) else samples
+        n = len(buf) // self.size * self.size
+        for i in range(0, n, self.size):
+            yield buf[i : i + self.size]
+        self._pending = buf[n:].copy()
+
+
+class PeerSilent(Exception):
+    """No audio frame arrived for the allowed time: the peer is gone (closed tab, lost network)."""
+
+
+async def audio_chunks(
+    track: MediaStreamTrack, size: int, timeout_s: float, first_timeout_s: float
+) -> AsyncIterator[np.ndarray]:
+    """Reads a received audio track as 16 kHz mono float32 chunks of `size` samples until the track ends.
+
+    Raises PeerSilent when the first frame takes longer than `first_timeout_s` (connecting) or a later one
+    longer than `timeout_s` (ICE itself takes 30 s to give up on a vanished peer).
+    """
+    downmix, chunker = Downmixer(), Chunker(size)
+    wait = first_timeout_s
+    while True:
+        try:
+            frame = await asyncio.wait_for(track.recv(), wait)
+        except asyncio.TimeoutError:
+            raise PeerSilent(f"no audio for {wait:.0f} s") from None
+        except MediaStreamError:
+            return
+        wait = timeout_s
+        if not isinstance(frame, av.AudioFrame):
+            continue
+        for chunk in chunker.push(downmix(frame)):
+            yield chunk

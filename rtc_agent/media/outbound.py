@@ -1,0 +1,193 @@
+"""The agent's voice out: one Opus packet per 80 ms frame, encoded here, paced in real time, silence between answers.
+
+aiortc's own encoder cuts audio into 20 ms packets; handing it 80 ms frames breaks the audio (DESIGN.md). So
+`recv()` returns an `av.Packet` that PyAV's libopus already encoded with frame_duration=80, which aiortc sends as
+one RTP packet. libopus takes the engine's 24 kHz directly (Opus is band-limited, not tied to a rate), so
+nothing is resampled; the RTP clock is 48 kHz as Opus requires: the timestamp steps 3840 per answer packet.
+
+Between answers the stream goes on with 20 ms silence packets (one pre-encoded packet, sent again and again):
+the receiver's clock never stops, so nothing bursts when speech resumes, and an answer's first packet waits
+at most 20 ms for its slot instead of up to 80. Once an answer's audio has been sent (or cut), one more 80 ms
+packet of zeros flushes the encoder's look-ahead, so the answer's last milliseconds are heard and the next
+answer starts from silence.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import fractions
+import time
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+SAMPLE_RATE = 24_000  # what the engine speaks
+FRAME_SAMPLES = 1920  # 80 ms at 24 kHz
+RTP_RATE = 48_000
+PACKET_STEP = 3840  # 80 ms at 48 kHz
+IDLE_STEP = 960  # 20 ms at 48 kHz: a silence packet between answers
+PACKET_S = FRAME_SAMPLES / SAMPLE_RATE
+RTP_TIME_BASE = fractions.Fraction(1, RTP_RATE)
+MAX_LAG_S = 0.25  # further behind than this (the event loop stalled): restart the clock instead of bursting
+
+
+class Playout:
+    """One answer's audio on its way out, and what happened to it."""
+
+    def __init__(self) -> None:
+        self._frames: collections.deque[np.ndarray] = collections.deque()
+        self._finished = False
+        self._gap = False  # a silence packet went out mid-answer: the next frame is late
+        self.done = asyncio.Event()
+        self.frames_made = 0
+        self.frames_sent = 0
+        self.frames_late = 0  # sent after a silence packet filled its slot (the engine was slower than real time)
+        self.frames_dropped = 0  # never sent: the answer was interrupted
+        self.first_packet_at: float | None = None  # time.monotonic() when the first frame was handed to RTP
+        self.interrupted = False
+
+    def push(self, samples: np.ndarray) -> None:
+        """Queues one frame: FRAME_SAMPLES float32 samples at 24 kHz."""
+        if self.done.is_set():
+            return
+        if samples.shape != (FRAME_SAMPLES,):
+            raise ValueError(f"a speech frame is {FRAME_SAMPLES} samples, got shape {samples.shape}")
+        self._frames.append(np.asarray(samples, np.float32))
+        self.frames_made += 1
+
+    def finish(self) -> None:
+        """No more frames will come; `done` is set once the queued ones are sent."""
+        self._finished = True
+        if not self._frames:
+            self.done.set()
+
+    def interrupt(self) -> int:
+        """Drops the frames not sent yet; returns how many frames were sent."""
+        self.frames_dropped += len(self._frames)
+        self._frames.clear()
+        self.interrupted = True
+        self._finished = True
+        self.done.set()
+        return self.frames_sent
+
+    def _next(self) -> np.ndarray | None:
+        if self._frames:
+            frame = self._frames.popleft()
+            self.frames_sent += 1
+            if self.first_packet_at is None:
+                self.first_packet_at = time.monotonic()
+            if self._gap:
+                self.frames_late += 1
+                self._gap = False
+            if self._finished and not self._frames:
+                self.done.set()
+            return frame
+        if self.first_packet_at is not None and not self._finished:
+            self._gap = True
+        return None
+
+
+class OpusEncoder:
+    """PyAV libopus, mono, 24 kHz in, one packet out per call (80 ms frames unless told otherwise)."""
+
+    def __init__(self, bitrate: int = 32_000, frame_ms: int = 80) -> None:
+        codec = av.CodecContext.create("libopus", "w")
+        codec.sample_rate = SAMPLE_RATE
+        codec.layout = "mono"
+        codec.format = "flt"
+        codec.bit_rate = bitrate
+        codec.time_base = fractions.Fraction(1, SAMPLE_RATE)
+        codec.options = {"frame_duration": str(frame_ms), "application": "voip"}
+        codec.open()
+        self._codec = codec
+        self._pts = 0
+
+    def encode(self, samples: np.ndarray) -> av.Packet:
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        frame.pts = self._pts
+        self._pts += len(samples)
+        packets = self._codec.encode(frame)
+        if len(packets) != 1:  # libopus emits one packet per full frame, at once
+            raise RuntimeError(f"libopus returned {len(packets)} packets for one frame")
+        return packets[0]
+
+
+def _silence_packet() -> bytes:
+    """A 20 ms Opus packet of silence, as a settled encoder makes it."""
+    encoder, silence = OpusEncoder(frame_ms=20), np.zeros(SAMPLE_RATE // 50, np.float32)
+    for _ in range(4):
+        encoder.encode(silence)
+    return bytes(encoder.encode(silence))
+
+
+class OutboundAudioTrack(MediaStreamTrack):
+    """An audio track whose recv() hands aiortc one pre-encoded Opus packet at a time, in real time:
+    80 ms packets while an answer plays, 20 ms silence packets between answers."""
+
+    kind = "audio"
+    _idle_packet: bytes | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._encoder = OpusEncoder()
+        self._zeros = np.zeros(FRAME_SAMPLES, np.float32)
+        if OutboundAudioTrack._idle_packet is None:
+            OutboundAudioTrack._idle_packet = _silence_packet()
+        self._playout: Playout | None = None
+        self._speaking = False  # 80 ms packets: from an answer's first frame to the flush after its last
+        self._start: float | None = None
+        self._pts = 0  # RTP timestamp of the next packet
+        self.packets_sent = 0
+
+    def start_playout(self) -> Playout:
+        """A new answer; whatever was still queued from an earlier one is dropped."""
+        if self._playout is not None and not self._playout.done.is_set():
+            self._playout.interrupt()
+        self._playout = Playout()
+        return self._playout
+
+    def interrupt(self) -> Playout | None:
+        """Barge-in: stops the current answer before its next packet. Returns it (None when idle)."""
+        playout, self._playout = self._playout, None
+        if playout is not None and not playout.done.is_set():
+            playout.interrupt()
+            return playout
+        return None
+
+    async def recv(self) -> av.Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        due = self._start + self._pts / RTP_RATE
+        if due > now:
+            await asyncio.sleep(due - now)
+        elif now - due > MAX_LAG_S:  # the loop stalled: carry on from now rather than catch up in a burst
+            self._start = now - self._pts / RTP_RATE
+        frame = self._take()
+        if frame is not None:
+            packet, step = self._encoder.encode(frame), PACKET_STEP
+        else:
+            packet, step = av.Packet(self._idle_packet), IDLE_STEP
+        packet.pts = self._pts
+        packet.time_base = RTP_TIME_BASE
+        self._pts += step
+        self.packets_sent += 1
+        return packet
+
+    def _take(self) -> np.ndarray | None:
+        """The next 80 ms of answer audio (zeros for a gap or the final flush), or None: a 20 ms idle packet."""
+        playout = self._playout
+        frame = playout._next() if playout is not None else None
+        if playout is not None and playout.done.is_set():
+            self._playout = None
+        if frame is not None:
+            self._speaking = True
+            return frame
+        if self._speaking:
+            self._speaking = playout is not None  # still mid-answer: a gap; else this is the flush
+            return self._zeros
+        return None

@@ -1,0 +1,109 @@
+"""Voice activity (silero-vad, 512-sample chunks at 16 kHz) and the turn detector built on it.
+
+This is the only place where the media side touches torch, and only through silero-vad.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+CHUNK_SAMPLES = 512  # what silero-vad takes at 16 kHz
+CHUNK_MS = 32
+
+_import_lock = threading.Lock()
+
+
+def _silero() -> Any:
+    """Imports silero_vad without letting it set torch's thread count to 1 for the whole process."""
+    with _import_lock:
+        import torch
+
+        threads = torch.get_num_threads()
+        try:
+            import silero_vad
+        finally:
+            torch.set_num_threads(threads)
+        return silero_vad
+
+
+class SpeechProbability:
+    """One caller's silero-vad model (it keeps state from chunk to chunk)."""
+
+    def __init__(self) -> None:
+        silero = _silero()
+        import torch
+
+        threads = torch.get_num_threads()
+        try:
+            with warnings.catch_warnings():  # its loader uses deprecated importlib and torch.jit calls
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._model = silero.load_silero_vad()
+        finally:
+            torch.set_num_threads(threads)
+        self._torch = torch
+
+    def __call__(self, chunk: np.ndarray) -> float:
+        if chunk.shape != (CHUNK_SAMPLES,):
+            raise ValueError(f"silero-vad takes {CHUNK_SAMPLES} samples, got shape {chunk.shape}")
+        with self._torch.inference_mode():
+            return float(self._model(self._torch.from_numpy(chunk), 16_000))
+
+
+class Signal(enum.Enum):
+    ONSET = "onset"  # the first speech chunk: audio starts flowing to the engine
+    CONFIRMED = "confirmed"  # speech lasted min_speech_ms: a real turn (speech_started)
+    FALSE_START = "false_start"  # speech too short, then silence: drop it
+    ENDED = "ended"  # silence_ms of silence after confirmed speech (speech_stopped)
+
+
+class TurnDetector:
+    """Speech probabilities in, turn signals out; one call per 32 ms chunk.
+
+    Hysteresis as in silero's own get_speech_timestamps: speech at p >= threshold, silence once p drops below
+    threshold - 0.15, and the silence clock, once running, is only reset by speech.
+    """
+
+    def __init__(self, threshold: float, silence_ms: int, min_speech_ms: int) -> None:
+        self.threshold = threshold
+        self.silence_ms = silence_ms
+        self.min_speech_ms = min_speech_ms
+        self.active = False  # between ONSET and FALSE_START/ENDED
+        self.confirmed = False
+        self.speech_ms = 0
+        self.silence_run_ms = 0
+
+    @property
+    def neg_threshold(self) -> float:
+        return max(self.threshold - 0.15, 0.01)
+
+    def reset(self) -> None:
+        self.active = self.confirmed = False
+        self.speech_ms = self.silence_run_ms = 0
+
+    def feed(self, p: float) -> Signal | None:
+        if not self.active:
+            if p < self.threshold:
+                return None
+            self.active, self.speech_ms, self.silence_run_ms = True, CHUNK_MS, 0
+            return self._maybe_confirm() or Signal.ONSET
+        if p >= self.threshold:
+            self.silence_run_ms = 0
+            self.speech_ms += CHUNK_MS
+            return self._maybe_confirm()
+        if p < self.neg_threshold or self.silence_run_ms > 0:
+            self.silence_run_ms += CHUNK_MS
+            if self.silence_run_ms >= self.silence_ms:
+                signal = Signal.ENDED if self.confirmed else Signal.FALSE_START
+                self.reset()
+                return signal
+        return None
+
+    def _maybe_confirm(self) -> Signal | None:
+        if not self.confirmed and self.speech_ms >= self.min_speech_ms:
+            self.confirmed = True
+            return Signal.CONFIRMED
+        return None

@@ -1,0 +1,1 @@
+"""The aiohttp + aiortc call server (see app.py for the routes)."""

@@ -1,0 +1,169 @@
+"""The aiohttp application: routes, engine loading in the background, and `serve` (listen until a signal)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from ..config import VOICES, Settings
+from ..media.ice import browser_ice_servers, use_host_addresses
+from . import tls
+from .metrics import Metrics
+from .protocol import turn_description
+from .sessions import Sessions
+from .signaling import ApiError, api_errors, hang_up, offer
+from .state import STATE, ServerState
+
+log = logging.getLogger("rtc_agent.server")
+LOADER = web.AppKey("rtc_agent_loader", asyncio.Task)
+QUIET_PATHS = ("/metrics", "/healthz", "/readyz")
+
+
+def create_app(settings: Settings, engine: Any = None) -> web.Application:
+    """The server; it loads the engine in the background unless one is given (tests share a loaded one)."""
+    use_host_addresses(settings.ice_host_addresses)
+    metrics = Metrics()
+    state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors])
+    app[STATE] = state
+    app.router.add_post("/api/offer", offer)
+    app.router.add_delete("/api/sessions/{session_id}", hang_up)
+    app.router.add_get("/api/config", client_config)
+    app.router.add_route("*", "/api/{rest:.*}", api_not_found)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
+    app.router.add_get("/", index)
+    web_dir = Path(settings.web_dir)
+    if web_dir.is_dir():
+        app.router.add_static("/", web_dir, follow_symlinks=False)
+    app.on_startup.append(_start_engine)
+    app.on_shutdown.append(_end_calls)
+    app.on_cleanup.append(_stop_engine)
+    return app
+
+
+# ---- engine lifetime ------------------------------------------------------------------------------------------
+async def _start_engine(app: web.Application) -> None:
+    app[LOADER] = asyncio.create_task(_load_engine(app[STATE]), name="engine-loader")
+
+
+async def _load_engine(state: ServerState) -> None:
+    s = state.settings
+    try:
+        if state.engine is None:
+            from ..engine import Engine, EngineOptions
+
+            log.info("loading model %s (device %s)...", s.model, s.device)
+            state.engine = await asyncio.to_thread(Engine.load, EngineOptions(model=s.model, device=s.device))
+        state.metrics.watch_gpu(state.engine.gpu_peak_gb)
+        if not state.engine.ready:
+            log.info("warming up...")
+            await state.engine.warmup()
+        state.metrics.ready.set(1)
+        log.info("ready: %s", state.engine.describe())
+    except Exception as exc:
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        log.exception("the model could not be loaded")
+        raise
+
+
+async def _end_calls(app: web.Application) -> None:
+    await app[STATE].sessions.close_all("server shutting down")
+
+
+async def _stop_engine(app: web.Application) -> None:
+    loader = app[LOADER]
+    if not loader.done():
+        loader.cancel()
+    await asyncio.gather(loader, return_exceptions=True)
+
+
+# ---- small handlers -----------------------------------------------------------------------------------------
+async def api_not_found(request: web.Request) -> web.Response:
+    raise ApiError(404, "not_found", f"no API at {request.method} {request.path}")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.ready:
+        return web.json_response({"status": "ready", "engine": state.engine.describe(),
+                                  "sessions": len(state.sessions), "max_sessions": state.sessions.max_sessions})
+    if state.load_error:
+        return web.json_response({"status": "failed", "error": state.load_error}, status=503)
+    return web.json_response({"status": "loading"}, status=503)
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def client_config(request: web.Request) -> web.Response:
+    """What a page needs before its offer: ICE servers (for real networks), voices, defaults."""
+    s = request.app[STATE].settings
+    return web.json_response({
+        "ice_servers": browser_ice_servers(s.ice_servers),
+        "voices": list(VOICES),
+        "voice": s.voice,
+        "instructions": s.instructions,
+        "turn_detection": turn_description(s.turn),
+        "token_required": bool(s.token),
+    })
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    page = Path(request.app[STATE].settings.web_dir) / "index.html"
+    if page.is_file():
+        return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
+    return web.Response(text="rtc-agent is running, but its call page (web/index.html) is missing.\n", status=404)
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request, without query strings (a ?token= must not reach the logs); probes at DEBUG."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        level = logging.DEBUG if request.path in QUIET_PATHS else logging.INFO
+        self.logger.log(level, "%s %s %s %d %.1f ms", request.remote, request.method, request.path,
+                        response.status, time * 1000)
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+
+# ---- serve --------------------------------------------------------------------------------------------------
+async def serve(settings: Settings) -> int:
+    """Runs the server until SIGINT/SIGTERM (0) or until the model fails to load (1)."""
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log_class=AccessLogger, handle_signals=False)
+    await runner.setup()
+    try:
+        ssl_context = tls.server_context(settings)
+        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
+        await site.start()
+        host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
+        log.info("listening on %s://%s:%d/ (token %s, up to %d calls)", settings.scheme, host, settings.port,
+                 "required" if settings.token else "not required", settings.max_sessions)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopping, app[LOADER]], return_when=asyncio.FIRST_COMPLETED)
+        failed = app[LOADER].done() and not app[LOADER].cancelled() and app[LOADER].exception() is not None
+        if not failed:
+            await stopping
+        log.info("shutting down")
+        return 1 if failed else 0
+    finally:
+        await runner.cleanup()

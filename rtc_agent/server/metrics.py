@@ -1,0 +1,53 @@
+"""Prometheus metrics, in a registry of the app's own (several apps can live in one test process)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS_MS = (25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000)
+STEP_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 5000)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.first_packet_ms = Histogram(
+            "audio_first_packet_latency_ms", "End of the caller's turn to the answer's first packet handed to RTP",
+            buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.gpu_peak_gb = Gauge("gpu_memory_peak_gb", "Peak GPU memory of the engine (0 on CPU)", registry=r)
+        self.drop_ratio = Gauge("drop_audio_frame_ratio",
+                                "Answer frames not sent in time / answer frames made", registry=r)
+        self.active_sessions = Gauge("rtc_agent_active_sessions", "Calls in progress", registry=r)
+        self.sessions = Counter("rtc_agent_sessions", "Calls started", registry=r)
+        self.rejected = Counter("rtc_agent_offers_rejected", "Offers refused", ["reason"], registry=r)
+        self.turns = Counter("rtc_agent_turns", "Caller turns answered", ["status"], registry=r)
+        self.frames = Counter("rtc_agent_output_frames", "Answer frames by outcome", ["outcome"], registry=r)
+        self.engine_ms = Histogram("rtc_agent_engine_step_ms", "Engine timings reported per answer",
+                                   ["metric"], buckets=STEP_BUCKETS_MS, registry=r)
+        self.video_frames = Counter("rtc_agent_video_frames_sampled", "Caller video frames kept (2 fps)", registry=r)
+        self.ready = Gauge("rtc_agent_ready", "1 once the model is loaded and warmed up", registry=r)
+        self._made = self._late = 0
+
+    def watch_gpu(self, peak_gb: Callable[[], float | None]) -> None:
+        self.gpu_peak_gb.set_function(lambda: peak_gb() or 0.0)
+
+    def answer(self, m: dict[str, Any]) -> None:
+        """One answer's metrics, as in response.done."""
+        status = "interrupted" if m["interrupted"] else "completed"
+        self.turns.labels(status).inc()
+        if m["ttfp_ms"] is not None:
+            self.first_packet_ms.observe(m["ttfp_ms"])
+        self.frames.labels("made").inc(m["frames"])
+        self.frames.labels("sent").inc(m["frames_sent"])
+        self.frames.labels("late").inc(m["frames_late"])
+        self.frames.labels("dropped").inc(m["frames_dropped"])
+        self._made += m["frames"]
+        self._late += m["frames_late"]
+        self.drop_ratio.set(self._late / self._made if self._made else 0.0)
+        for name, value in m.get("engine", {}).items():
+            if name.endswith("_ms") and isinstance(value, (int, float)):
+                self.engine_ms.labels(name).observe(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

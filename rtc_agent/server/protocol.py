@@ -1,0 +1,154 @@
+"""The wire contract: the offer body, the client's data-channel messages, the server's session description.
+
+Names follow the OpenAI Realtime API where one fits (see README.md, "The contract").
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import VOICES, TurnSettings
+
+MAX_INSTRUCTIONS = 8000
+MAX_MESSAGE_BYTES = 64 * 1024
+
+
+class ProtocolError(Exception):
+    """Bad input from a client: becomes an HTTP 400 or an `error` event; nothing else changes."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Offer:
+    sdp: str
+    voice: str | None
+    instructions: str | None
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    voice: str | None
+    instructions: str | None
+    turn: TurnSettings | None  # None: unchanged
+
+
+@dataclass(frozen=True)
+class Commit:
+    pass
+
+
+@dataclass(frozen=True)
+class CancelResponse:
+    pass
+
+
+ClientMessage = SessionUpdate | Commit | CancelResponse
+
+
+def _voice(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value not in VOICES:
+        raise ProtocolError("invalid_value", f"voice must be one of {', '.join(VOICES)}")
+    return str(value)
+
+
+def _instructions(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_INSTRUCTIONS:
+        raise ProtocolError("invalid_value", f"instructions must be a string of at most {MAX_INSTRUCTIONS} characters")
+    return value
+
+
+def parse_offer(body: Any) -> Offer:
+    if not isinstance(body, dict):
+        raise ProtocolError("invalid_json", "the body must be a JSON object")
+    sdp, kind = body.get("sdp"), body.get("type")
+    if kind != "offer":
+        raise ProtocolError("invalid_value", 'type must be "offer"')
+    if not isinstance(sdp, str) or not sdp.startswith("v=0"):
+        raise ProtocolError("invalid_value", "sdp must be an SDP offer")
+    return Offer(sdp=sdp, voice=_voice(body.get("voice")), instructions=_instructions(body.get("instructions")))
+
+
+# session.update's turn_detection <-> TurnSettings
+_TURN_KEYS = {
+    "threshold": ("vad_threshold", float),
+    "silence_duration_ms": ("silence_ms", int),
+    "prefix_padding_ms": ("prefix_padding_ms", int),
+    "min_speech_duration_ms": ("min_speech_ms", int),
+    "barge_in_ms": ("barge_in_ms", int),
+}
+
+
+def _turn(value: Any, current: TurnSettings) -> TurnSettings:
+    if value is None or value == {"type": "none"}:
+        return dataclasses.replace(current, auto=False)
+    if not isinstance(value, dict) or value.get("type", "server_vad") != "server_vad":
+        raise ProtocolError("invalid_value", 'turn_detection must be null or {"type": "server_vad", ...}')
+    changes: dict[str, Any] = {"auto": True}
+    for key, raw in value.items():
+        if key == "type":
+            continue
+        if key not in _TURN_KEYS:
+            raise ProtocolError("unknown_parameter", f"turn_detection.{key} is not a setting")
+        name, kind = _TURN_KEYS[key]
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise ProtocolError("invalid_value", f"turn_detection.{key} must be a number")
+        changes[name] = kind(raw)
+    turn = dataclasses.replace(current, **changes)
+    if not 0.0 < turn.vad_threshold < 1.0:
+        raise ProtocolError("invalid_value", "turn_detection.threshold must be between 0 and 1")
+    for name in ("silence_ms", "prefix_padding_ms", "min_speech_ms", "barge_in_ms"):
+        if not 0 <= getattr(turn, name) <= 10_000:
+            raise ProtocolError("invalid_value", "durations must be between 0 and 10000 ms")
+    return turn
+
+
+def turn_description(turn: TurnSettings) -> dict[str, Any] | None:
+    if not turn.auto:
+        return None
+    out: dict[str, Any] = {"type": "server_vad"}
+    for key, (name, _) in _TURN_KEYS.items():
+        out[key] = getattr(turn, name)
+    return out
+
+
+def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage:
+    if isinstance(text, bytes) or len(text) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("invalid_json", "messages are JSON text of at most 64 KiB")
+    try:
+        msg = json.loads(text)
+    except ValueError:
+        raise ProtocolError("invalid_json", "the message is not JSON") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError("invalid_json", 'a message is a JSON object with a "type"')
+    kind = msg["type"]
+    if kind == "session.update":
+        session = msg.get("session")
+        if not isinstance(session, dict):
+            raise ProtocolError("invalid_value", 'session.update needs a "session" object')
+        unknown = set(session) - {"voice", "instructions", "turn_detection"}
+        if unknown:
+            raise ProtocolError("unknown_parameter", f"session.{sorted(unknown)[0]} cannot be updated")
+        return SessionUpdate(
+            voice=_voice(session.get("voice")),
+            instructions=_instructions(session.get("instructions")),
+            turn=_turn(session["turn_detection"], turn) if "turn_detection" in session else None,
+        )
+    if kind == "input_audio_buffer.commit":
+        return Commit()
+    if kind == "response.cancel":
+        return CancelResponse()
+    raise ProtocolError("unknown_event", f"unknown message type {kind!r}")
+
+
+def error_event(code: str, message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "code": code, "message": message}}

@@ -1,0 +1,320 @@
+"""The call page (web/) in Debian's Chromium against `rtc-agent serve`, all inside a loopback-only namespace.
+
+Chromium's fake microphone loops a WAV made by espeak-ng (about 3.4 s of speech, then 3.2 s of silence), so the
+caller speaks again every ~7 s: the tiny model's long answers get cut by that barge-in, which the page shows.
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from browser_harness import DESKTOP, INSECURE_HOST, PHONE, Server, dump, metric
+
+pytestmark = pytest.mark.browser
+
+IN_CALL = "['listening','hearing','thinking','speaking'].includes(rtcAgent.state)"
+CONNECTED = f"window.rtcAgent && rtcAgent.call && rtcAgent.call.sessionId && {IN_CALL}"
+TOKEN = "s3cret-t0ken-for-tests"
+MS = re.compile(r"^\d+ ms$|^\d+\.\d s$")
+
+
+def app(page: Any, expr: str) -> Any:
+    return page.evaluate(f"() => ({expr})")
+
+
+def wait(page: Any, expr: str, timeout_s: float = 30) -> None:
+    try:
+        page.wait_for_function(f"() => ({expr})", timeout=timeout_s * 1000)
+    except Exception as exc:
+        state = app(page, "window.rtcAgent && {state: rtcAgent.state, events: rtcAgent.events.slice(-12), "
+                          "alert: document.getElementById('alert').innerText}")
+        raise AssertionError(f"timed out waiting for {expr}; page: {dump(state)}") from exc
+
+
+def inbound_audio(page: Any) -> dict[str, Any]:
+    return page.evaluate("""async () => {
+        const s = await rtcAgent.call.inboundAudio();
+        return s && {packets: s.packetsReceived, energy: s.totalAudioEnergy, duration: s.totalSamplesDuration};
+    }""")
+
+
+def video_out(page: Any) -> dict[str, Any] | None:
+    return page.evaluate("""async () => {
+        const s = (await rtcAgent.call.stats()).videoOut;
+        return s && {frames: s.framesSent || 0, width: s.frameWidth, height: s.frameHeight};
+    }""")
+
+
+def shot(page: Any, artifacts: Path, name: str) -> None:
+    page.screenshot(path=str(artifacts / "screenshots" / f"{name}.png"))
+
+
+def test_call_connects_and_the_answer_is_heard(new_page: Callable[..., Any], server: Server, artifacts: Path) -> None:
+    first_packets_before = metric(server.metrics(), "audio_first_packet_latency_ms_count")
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call")
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.turns.length >= 1", 45)
+
+    events = app(page, "rtcAgent.events")
+    assert events[0] == "session.created"
+    order = [events.index(t) for t in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                                       "response.created", "response.output_audio_transcript.delta",
+                                       "response.done")]
+    assert order == sorted(order), events[:40]
+
+    audio = inbound_audio(page)
+    assert audio["packets"] > 20 and audio["energy"] > 0, audio  # the agent's Opus arrived and was not silence
+    turn = app(page, "rtcAgent.turns[0]")
+    assert turn["text"].strip(), turn
+    assert turn["ttfp_ms"] is not None and turn["ttfp_ms"] >= 0, turn
+    assert turn["heard_ms"] is not None and 0 < turn["heard_ms"] < 10_000, turn  # the AudioWorklet heard it
+
+    # Transcript: the caller's turn marker and the agent's words; latency shown on the turn and on the stage.
+    assert page.locator("#log .turn.user .text").first.inner_text().startswith("Spoke for")
+    agent = page.locator("#log .turn.agent").first
+    assert agent.locator(".text").inner_text().strip() == turn["text"].strip()
+    assert "server first packet" in agent.locator(".meta").inner_text()
+    assert MS.match(page.locator("#lat-server").inner_text()), page.locator("#latency").inner_text()
+    assert MS.match(page.locator("#lat-heard").inner_text()), page.locator("#latency").inner_text()
+    if turn["interrupted"]:  # cut by the caller's next utterance (the WAV loops)
+        assert "cut" in agent.get_attribute("class")
+        assert agent.locator(".cut-tag").inner_text() == "interrupted"
+    assert metric(server.metrics(), "audio_first_packet_latency_ms_count") > first_packets_before
+    shot(page, artifacts, "call-desktop-in-call-test")
+    page.get_by_role("button", name="Hang up").click()
+
+
+def test_video_reaches_the_server_at_2_fps(new_page: Callable[..., Any], server: Server, artifacts: Path) -> None:
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call&autostart=1&video=1")
+    wait(page, CONNECTED, 20)
+    wait(page, "document.querySelector('#cam-btn').getAttribute('aria-pressed') === 'true'", 10)
+    time.sleep(2)  # let the encoder settle
+    name = "rtc_agent_video_frames_sampled_total"
+    m0, v0, t0 = server.metric(name), video_out(page), time.monotonic()
+    time.sleep(6)
+    m1, v1, t1 = server.metric(name), video_out(page), time.monotonic()
+    sent_fps = (v1["frames"] - v0["frames"]) / (t1 - t0)
+    kept_fps = (m1 - m0) / (t1 - t0)
+    assert 1.4 <= sent_fps <= 2.6, (v0, v1)  # the page sends 2 fps (maxFramerate), not the camera's 30
+    assert 1.0 <= kept_fps <= 2.6, (m0, m1)  # and the server receives them
+    assert max(v1["width"], v1["height"]) <= 640, v1  # low resolution
+
+    page.get_by_role("button", name="Camera", exact=True).click()  # camera off: no more frames
+    time.sleep(1.5)
+    m2, v2 = server.metric(name), video_out(page)
+    time.sleep(3)
+    assert video_out(page)["frames"] == v2["frames"]
+    assert server.metric(name) - m2 <= 1
+
+    page.get_by_role("button", name="Share screen").click()  # screen share: frames again, same limits
+    wait(page, "rtcAgent.screenTrack && document.querySelector('#screen-btn').getAttribute('aria-pressed') === 'true'", 10)
+    time.sleep(1)
+    m3, v3, t3 = server.metric(name), video_out(page), time.monotonic()
+    time.sleep(3)
+    m4, v4, t4 = server.metric(name), video_out(page), time.monotonic()
+    share_fps = (v4["frames"] - v3["frames"]) / (t4 - t3)
+    assert 1.0 <= share_fps <= 2.7 and m4 > m3, (v3, v4, m3, m4)
+    assert max(v4["width"], v4["height"]) <= 640, v4
+    page.get_by_role("button", name="Share screen", pressed=True).click()
+    (artifacts / "browser" / "video-rates.json").write_text(dump(
+        {"camera_sent_fps": sent_fps, "camera_server_kept_fps": kept_fps, "screen_sent_fps": share_fps,
+         "camera": v1, "screen": v4}))
+
+
+def test_hang_up_ends_the_server_session(new_page: Callable[..., Any], server: Server) -> None:
+    page = new_page(PHONE)
+    page.goto(server.url + "/?mode=voice&autostart=1")
+    wait(page, CONNECTED, 20)
+    session_id = app(page, "rtcAgent.call.sessionId")
+    active = server.metric("rtc_agent_active_sessions")
+    assert active >= 1
+
+    # Mid-call settings: voice and instructions go out as session.update; the microphone is re-opened without
+    # echo cancellation and noise suppression, and the call goes on.
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("Voice", exact=True).select_option("chelsie")
+    page.get_by_label("Instructions").fill("Answer in one short sentence.")
+    page.get_by_label("Echo cancellation and noise suppression").uncheck()
+    page.get_by_role("button", name="Apply").click()
+    wait(page, "rtcAgent.sessionInfo.voice === 'chelsie' && "
+               "rtcAgent.sessionInfo.instructions === 'Answer in one short sentence.'", 10)
+    wait(page, "rtcAgent.micTrack.getSettings().echoCancellation === false", 10)
+    sent = app(page, "rtcAgent.call.audioSender.track === rtcAgent.micTrack")
+    assert sent, "the new microphone track is not the one being sent"
+    before = inbound_audio(page)["packets"]
+    time.sleep(1)
+    assert inbound_audio(page)["packets"] > before and app(page, "rtcAgent.call.sessionId") == session_id
+
+    page.keyboard.press("m")  # mute from the keyboard: the track sends silence, the call stays up
+    assert app(page, "rtcAgent.micTrack.enabled") is False
+    assert page.get_by_role("button", name="Mute microphone").get_attribute("aria-pressed") == "true"
+    page.get_by_role("button", name="Mute microphone").click()
+    assert app(page, "rtcAgent.micTrack.enabled") is True
+
+    page.get_by_role("button", name="Hang up").click()
+    wait(page, "rtcAgent.state === 'ended'", 5)
+    deadline = time.monotonic() + 10
+    while f"call {session_id} ended (hung up)" not in server.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"call {session_id} ended (hung up)" in server.log_text()
+    assert server.metric("rtc_agent_active_sessions") == active - 1
+    status, _ = server.net.http("DELETE", f"{server.url}/api/sessions/{session_id}")
+    assert status == 404  # already gone
+    assert page.get_by_role("button", name="Start call").is_visible()
+
+
+def test_push_to_talk(new_page: Callable[..., Any], server: Server, artifacts: Path) -> None:
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call")
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("Push-to-talk").check()
+    page.get_by_label("Voice", exact=True).select_option("aiden")
+    page.get_by_role("button", name="Apply").click()
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.sessionInfo && rtcAgent.sessionInfo.voice === 'aiden'", 5)  # sent with the offer
+    # The page turned the server's automatic turn-taking off.
+    wait(page, "rtcAgent.sessionInfo && rtcAgent.events.includes('session.updated') "
+               "&& rtcAgent.sessionInfo.turn_detection === null", 10)
+    assert app(page, "rtcAgent.micTrack.enabled") is False  # not held: silence goes out
+
+    ptt = page.get_by_role("button", name="Hold to talk")
+    box = ptt.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    assert app(page, "rtcAgent.micTrack.enabled") is True
+    wait(page, "rtcAgent.events.includes('input_audio_buffer.speech_stopped')", 20)
+    shot(page, artifacts, "call-desktop-push-to-talk-held")
+    assert "response.created" not in app(page, "rtcAgent.events")  # no automatic end of turn
+    page.mouse.up()
+    wait(page, "rtcAgent.events.includes('input_audio_buffer.committed')", 5)
+    wait(page, "rtcAgent.events.includes('response.output_audio_transcript.delta')", 20)
+    wait(page, "rtcAgent.pending && rtcAgent.pending.heardMs != null", 20)
+    assert app(page, "rtcAgent.micTrack.enabled") is False
+    assert app(page, "rtcAgent.events.filter(e => e === 'error').length") == 0
+    page.get_by_role("button", name="Hang up").click()
+
+
+def test_denied_microphone_says_what_to_do(new_page: Callable[..., Any], launch: Callable[..., Any],
+                                           server: Server, artifacts: Path) -> None:
+    denying = launch(deny_media=True)
+    page = new_page(DESKTOP, the_browser=denying)
+    page.goto(server.url + "/?mode=call")
+    page.get_by_role("button", name="Start call").click()
+    alert = page.get_by_role("alert")
+    alert.wait_for()
+    assert "Microphone access is blocked" in alert.inner_text()
+    assert "Allow the microphone" in alert.inner_text()
+    assert page.get_by_role("button", name="Try again").first.is_visible()
+    assert app(page, "rtcAgent.state") == "error" and app(page, "rtcAgent.call") is None
+    shot(page, artifacts, "call-desktop-mic-denied")
+
+
+def test_no_microphone_and_insecure_page(new_page: Callable[..., Any], launch: Callable[..., Any],
+                                         server: Server, artifacts: Path) -> None:
+    bare = launch(fake_devices=False)  # the machine has no microphone at all
+    page = new_page(PHONE, the_browser=bare)
+    page.goto(server.url + "/?mode=voice")
+    page.get_by_role("button", name="Start call").click()
+    page.get_by_role("alert").wait_for()
+    assert "No microphone found" in page.get_by_role("alert").inner_text()
+
+    page = new_page(PHONE)  # a phone opening http://<LAN address>: no secure context, no getUserMedia
+    page.goto(f"http://{INSECURE_HOST}:{server.port}/?mode=voice")
+    page.get_by_role("alert").wait_for()
+    assert "This page needs HTTPS" in page.get_by_role("alert").inner_text()
+    assert "--self-signed" in page.get_by_role("alert").inner_text()
+    shot(page, artifacts, "voice-phone-not-https")
+
+
+def test_full_server_and_token(new_page: Callable[..., Any], start_server: Callable[..., Server],
+                               artifacts: Path) -> None:
+    server = start_server(18081, "--max-sessions", "1", "--token", TOKEN)
+    first = new_page(PHONE)
+    first.goto(f"{server.url}/?mode=voice&autostart=1&token={TOKEN}")
+    wait(first, CONNECTED, 20)
+    assert "token" not in first.url  # out of the address bar (history, screenshots, shared links)
+
+    second = new_page(PHONE)
+    second.goto(f"{server.url}/?mode=voice&token={TOKEN}")
+    second.get_by_role("button", name="Start call").click()
+    alert = second.get_by_role("alert")
+    alert.wait_for()
+    assert "The agent is busy" in alert.inner_text()
+    assert "Try again in 10 s" in alert.inner_text()  # the server's Retry-After
+    shot(second, artifacts, "voice-phone-server-full")
+
+    wrong = new_page(PHONE)
+    wrong.goto(f"{server.url}/?mode=voice&token=not-{TOKEN}")
+    wrong.get_by_role("alert").wait_for()
+    assert "access token was not accepted" in wrong.get_by_role("alert").inner_text()
+    shot(wrong, artifacts, "voice-phone-bad-token")
+    first.get_by_role("button", name="Hang up").click()
+    wait(first, "rtcAgent.state === 'ended'", 5)
+    wrong.get_by_label("Access token").fill(TOKEN)
+    wrong.get_by_role("button", name="Use token").click()
+    wait(wrong, CONNECTED, 20)
+    wrong.get_by_role("button", name="Hang up").click()
+    assert TOKEN not in server.log_text()
+
+
+def test_kiosk_reconnects_after_the_server_restarts(new_page: Callable[..., Any],
+                                                    start_server: Callable[..., Server], artifacts: Path) -> None:
+    server = start_server(18082)
+    page = new_page({"width": 1024, "height": 600})
+    page.goto(server.url + "/?mode=kiosk")  # starts by itself
+    wait(page, CONNECTED, 20)
+    first_id = app(page, "rtcAgent.call.sessionId")
+    desk = new_page(DESKTOP)  # a desktop call on the same server says so and offers to reconnect
+    desk.goto(server.url + "/?mode=call&autostart=1")
+    wait(desk, CONNECTED, 20)
+    server.stop()
+    wait(page, "rtcAgent.state === 'reconnecting'", 20)
+    shot(page, artifacts, "kiosk-car-reconnecting")
+    desk.get_by_role("alert").wait_for()
+    assert "Connection lost" in desk.get_by_role("alert").inner_text()
+    assert desk.get_by_role("button", name="Reconnect").is_visible()
+    shot(desk, artifacts, "call-desktop-connection-lost")
+    server.start()
+    wait(page, f"{CONNECTED} && rtcAgent.call.sessionId !== {first_id!r}", 60)
+    assert page.get_by_role("button", name="Hang up").is_visible()
+    assert not page.locator("#alert").is_visible()
+
+
+def test_mode_is_remembered(new_page: Callable[..., Any], server: Server) -> None:
+    page = new_page(PHONE)
+    page.goto(server.url + "/?mode=voice")
+    assert page.locator("html").get_attribute("data-mode") == "voice"
+    page.goto(server.url + "/")
+    assert page.locator("html").get_attribute("data-mode") == "voice"
+    assert not page.locator("#cam-btn").is_visible()  # the phone layout has no camera
+    page.keyboard.press("Tab")  # keyboard: the skip link comes first, then the controls
+    assert page.evaluate("document.activeElement.className") == "skip"
+
+
+@pytest.mark.parametrize("mode", ["call", "voice", "kiosk"])
+@pytest.mark.parametrize("size", ["desktop", "phone"])
+def test_screenshots(new_page: Callable[..., Any], server: Server, artifacts: Path, mode: str, size: str) -> None:
+    """Each mode at desktop and phone sizes, before and during a call (look at them: artifacts/screenshots)."""
+    page = new_page(DESKTOP if size == "desktop" else PHONE)
+    page.goto(f"{server.url}/?mode={mode}" + ("&video=1" if mode == "call" else ""))
+    if mode != "kiosk":
+        page.wait_for_load_state("networkidle")
+        time.sleep(0.3)
+        shot(page, artifacts, f"{mode}-{size}-idle")
+        page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.turns.length >= 1 || rtcAgent.events.filter(e => e.endsWith('transcript.delta')).length > 12", 30)
+    time.sleep(0.5)
+    shot(page, artifacts, f"{mode}-{size}-in-call")
+    if mode == "call":
+        page.get_by_role("button", name="Settings").last.click()
+        time.sleep(0.3)
+        shot(page, artifacts, f"{mode}-{size}-settings")
+        page.keyboard.press("Escape")

@@ -1,0 +1,144 @@
+"""Shared pieces of the server/media/client tests: espeak-ng speech, one tiny engine per process, a real server
+on a loopback port, and a real aiortc caller. Nothing is mocked; all traffic stays on 127.0.0.1."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from rtc_agent.client.microphone import RATE, Microphone, load_audio, speech_spans
+from rtc_agent.client.peer import Call
+from rtc_agent.config import Settings, TurnSettings, build_settings
+from rtc_agent.media.ice import use_host_addresses
+
+LOOPBACK = ("127.0.0.1",)
+SENTENCE = "What is the weather like in Paris today?"
+
+needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+
+
+@pytest.fixture(autouse=True)
+def restore_ice() -> Any:
+    """Servers and callers here use only 127.0.0.1 for ICE (a process-wide aioice setting): undo it after each
+    test, so that other test files see the stock behaviour. Import it into a test module to use it."""
+    import aioice.ice
+
+    stock = aioice.ice.get_host_addresses
+    yield
+    aioice.ice.get_host_addresses = stock
+
+
+@functools.lru_cache(maxsize=None)
+def speech(text: str = SENTENCE, rate: int = RATE) -> np.ndarray:
+    """espeak-ng speaking `text`, as mono float32 at `rate`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "speech.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+        return load_audio(str(path), rate)
+
+
+def speech_end(samples: np.ndarray) -> int:
+    return speech_spans(samples)[-1][1]
+
+
+@functools.lru_cache(maxsize=1)
+def engine() -> Any:
+    """The built-in tiny model, loaded once per test process and shared (as sessions share it in the server).
+    Answers are kept short so that a test turn takes about a second."""
+    from rtc_agent.engine import Engine, EngineOptions
+
+    return Engine.load(EngineOptions(model="tiny", device="cpu", max_answer_tokens=32))
+
+
+def settings(**overrides: Any) -> Settings:
+    turn = {k: overrides.pop(k) for k in list(overrides) if k in {f.name for f in dataclasses.fields(TurnSettings)}}
+    base = build_settings({"ice_host_addresses": LOOPBACK, "max_answer_s": 1.0, "port": 0}, env={})
+    return dataclasses.replace(base, turn=dataclasses.replace(base.turn, **turn), **overrides)
+
+
+@contextlib.asynccontextmanager
+async def server(engine_: Any = "shared", ssl_context: Any = None, **overrides: Any
+                 ) -> AsyncIterator[tuple[str, web.Application]]:
+    """A real server on a free loopback port; yields its URL and app. engine_: "shared" (the tiny engine of this
+    process), None (the server loads its own in the background), or an engine."""
+    from rtc_agent.server.app import create_app
+
+    app = create_app(settings(**overrides), engine=engine() if engine_ == "shared" else engine_)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
+    await site.start()
+    scheme = "https" if ssl_context else "http"
+    try:
+        yield f"{scheme}://127.0.0.1:{runner.addresses[0][1]}", app
+    finally:
+        await runner.cleanup()
+
+
+async def wait_ready(url: str, timeout_s: float = 60.0) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(int(timeout_s * 10)):
+            async with http.get(f"{url}/readyz") as r:
+                if r.status == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise TimeoutError("the server did not get ready")
+
+
+@contextlib.asynccontextmanager
+async def caller(url: str, **kwargs: Any) -> AsyncIterator[tuple[Call, Microphone]]:
+    """A connected aiortc caller with a scriptable microphone; hangs up at the end."""
+    use_host_addresses(LOOPBACK)
+    await wait_ready(url)
+    mic, call = Microphone(), Call(url, **kwargs)
+    try:
+        await call.connect(mic)
+    except BaseException:
+        await call.close()
+        raise
+    try:
+        yield call, mic
+    finally:
+        await call.hang_up()
+
+
+async def say(call: Call, mic: Microphone, text: str = SENTENCE) -> float:
+    """Speaks `text` into the call; returns when its speech ends (time.monotonic()), once it has been sent."""
+    samples = speech(text)
+    start = mic.play(samples)
+    end_at = mic.time_at(start + speech_end(samples))
+    await asyncio.sleep(max(0.0, end_at - asyncio.get_running_loop().time()))
+    return end_at
+
+
+async def metrics_text(url: str) -> str:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics") as r:
+            return await r.text()
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one sample line (`name` includes any labels), 0 when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def run(coro: Any, timeout_s: float = 120.0) -> Any:
+    """Runs one test coroutine with a hard time limit, on a loop of its own in a fresh thread: the main thread
+    may already run a loop (Playwright's sync API keeps one running while its browser is up)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-loop") as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout_s)).result()

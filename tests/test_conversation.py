@@ -1,0 +1,124 @@
+"""The turn state machine without a network: the real tiny engine and the real Opus track, fed 32 ms chunks.
+
+The speech probabilities are scripted here (instead of silero's) so that the edge cases are exact: a false
+start, a pause shorter than the hang-over, push-to-talk."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rtc_agent.config import TurnSettings
+from rtc_agent.conversation import Conversation, ConversationError, State
+from rtc_agent.engine import SessionOptions
+from rtc_agent.media.outbound import OutboundAudioTrack
+from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES
+from rtc_support import engine, run
+
+pytestmark = pytest.mark.timeout(120)
+TURN = TurnSettings(silence_ms=10 * CHUNK_MS, min_speech_ms=4 * CHUNK_MS, barge_in_ms=8 * CHUNK_MS,
+                    prefix_padding_ms=3 * CHUNK_MS)
+
+
+class Script:
+    """Speech probability per chunk, set by the test."""
+
+    def __init__(self) -> None:
+        self.p = 0.0
+
+    def __call__(self, chunk: np.ndarray) -> float:
+        return self.p
+
+
+async def started(turn: TurnSettings = TURN) -> tuple[Conversation, Script, list[dict[str, Any]], asyncio.Task]:
+    events: list[dict[str, Any]] = []
+    script = Script()
+    track = OutboundAudioTrack()
+    session = engine().new_session(SessionOptions(max_frames=6, max_answer_tokens=8))
+    conv = Conversation(session, track, events.append, script, turn)
+
+    async def play() -> None:  # what aiortc's sender does: ask for packets forever
+        while True:
+            await track.recv()
+
+    return conv, script, events, asyncio.create_task(play())
+
+
+async def feed(conv: Conversation, script: Script, p: float, chunks: int) -> None:
+    rng = np.random.default_rng(0)
+    script.p = p
+    for _ in range(chunks):
+        conv.feed((rng.standard_normal(CHUNK_SAMPLES) * (0.1 if p > 0.5 else 0.001)).astype(np.float32))
+        await asyncio.sleep(CHUNK_MS / 1000 / 8)  # faster than real time; the engine keeps up
+
+
+async def until(events: list[dict[str, Any]], kind: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    for _ in range(int(timeout_s * 50)):
+        found = [e for e in events if e["type"] == kind]
+        if found:
+            return found[-1]
+        await asyncio.sleep(0.02)
+    raise TimeoutError(kind)
+
+
+def kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events if e["type"] != "response.output_audio_transcript.delta"]
+
+
+def test_false_start_is_dropped_then_a_turn_with_a_short_pause_is_one_turn() -> None:
+    async def main() -> None:
+        conv, script, events, player = await started()
+        try:
+            await feed(conv, script, 0.9, 2)  # a click: shorter than min_speech
+            await feed(conv, script, 0.1, 12)
+            await asyncio.sleep(0.2)
+            assert events == [] and conv.state == State.LISTENING
+            with pytest.raises(ValueError, match="no caller audio"):  # the engine really dropped it
+                async for _ in conv.session.respond():
+                    pass
+
+            await feed(conv, script, 0.9, 10)
+            await feed(conv, script, 0.1, 6)  # a pause shorter than the hang-over
+            await feed(conv, script, 0.9, 10)
+            await feed(conv, script, 0.1, 12)
+            done = (await until(events, "response.done"))["response"]
+            assert done["status"] == "completed" and done["metrics"]["frames_sent"] == 6
+            assert kinds(events) == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                                     "conversation.state", "input_audio_buffer.committed", "response.created",
+                                     "conversation.state", "response.done", "conversation.state"]
+            assert [e["state"] for e in events if e["type"] == "conversation.state"] == \
+                ["thinking", "speaking", "listening"]
+        finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())
+
+
+def test_push_to_talk_waits_for_commit_and_short_sounds_do_not_barge_in() -> None:
+    async def main() -> None:
+        conv, script, events, player = await started(dataclasses.replace(TURN, auto=False))
+        try:
+            with pytest.raises(ConversationError) as empty:
+                conv.commit()
+            assert empty.value.code == "input_audio_buffer_commit_empty"
+            await feed(conv, script, 0.9, 10)
+            await feed(conv, script, 0.1, 30)  # long silence: no answer without a commit
+            assert "response.created" not in kinds(events)
+            conv.commit()
+            await until(events, "response.created")
+            with pytest.raises(ConversationError):
+                conv.commit()  # an answer is in progress
+            await feed(conv, script, 0.9, 5)  # "mm-hm": shorter than barge_in_ms
+            await feed(conv, script, 0.1, 12)
+            done = (await until(events, "response.done"))["response"]
+            assert done["status"] == "completed"
+            assert kinds(events).count("input_audio_buffer.speech_started") == 1
+        finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())

@@ -1,0 +1,190 @@
+"""The media pieces on their own: turn detection, VAD on espeak speech, receive buffer, downmix, Opus out, pacing,
+the wire protocol and settings. Fast; no network."""
+from __future__ import annotations
+
+import fractions
+import time
+
+import av
+import numpy as np
+import pytest
+from aiortc.rtp import RtpPacket
+
+from rtc_agent.config import TurnSettings, build_settings
+from rtc_agent.media.ice import parse_ice_server
+from rtc_agent.media.inbound import Chunker, Downmixer, InOrderAudioBuffer
+from rtc_agent.media.outbound import FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder, OutboundAudioTrack
+from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, SpeechProbability, TurnDetector
+from rtc_agent.server.protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, parse_client_message,
+                                       parse_offer)
+from rtc_support import needs_espeak, run, speech
+
+# ---- turn detection -------------------------------------------------------------------------------------------
+
+
+def feed(detector: TurnDetector, probs: list[float]) -> list[tuple[int, Signal]]:
+    return [(i, s) for i, p in enumerate(probs) if (s := detector.feed(p)) is not None]
+
+
+def test_turn_detector_onset_confirm_and_end_after_the_hang_over() -> None:
+    d = TurnDetector(threshold=0.5, silence_ms=4 * CHUNK_MS, min_speech_ms=3 * CHUNK_MS)
+    got = feed(d, [0.1, 0.9, 0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1])
+    assert got == [(1, Signal.ONSET), (3, Signal.CONFIRMED), (8, Signal.ENDED)]
+    assert not d.active
+
+
+def test_turn_detector_hysteresis_and_pauses_shorter_than_the_hang_over() -> None:
+    d = TurnDetector(threshold=0.5, silence_ms=4 * CHUNK_MS, min_speech_ms=2 * CHUNK_MS)
+    # 0.4 is neither speech nor silence; a 3-chunk pause does not end the turn; silence then counts until speech
+    got = feed(d, [0.9, 0.9, 0.4, 0.4, 0.1, 0.1, 0.1, 0.9, 0.1, 0.4, 0.4, 0.4])
+    assert got == [(0, Signal.ONSET), (1, Signal.CONFIRMED), (11, Signal.ENDED)]
+
+
+def test_turn_detector_false_start() -> None:
+    d = TurnDetector(threshold=0.5, silence_ms=3 * CHUNK_MS, min_speech_ms=4 * CHUNK_MS)
+    assert feed(d, [0.9, 0.1, 0.1, 0.1]) == [(0, Signal.ONSET), (3, Signal.FALSE_START)]
+    assert feed(d, [0.9]) == [(0, Signal.ONSET)]  # ready for the next one
+
+
+@needs_espeak
+def test_silero_on_espeak_speech_and_torch_threads_are_left_alone() -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    vad = SpeechProbability()
+    assert torch.get_num_threads() == 2  # silero-vad's import would set 1 for the whole process
+    audio = np.concatenate([np.zeros(8000, np.float32), speech(rate=16000), np.zeros(16000, np.float32)])
+    n = len(audio) // CHUNK_SAMPLES
+    probs = np.array([vad(audio[i * CHUNK_SAMPLES:(i + 1) * CHUNK_SAMPLES]) for i in range(n)])
+    assert probs[:10].max() < 0.35 and probs[-20:].max() < 0.35  # silence before and after
+    assert (probs > 0.5).sum() * CHUNK_MS > 1000  # most of the ~2 s sentence
+    d = TurnDetector(0.5, TurnSettings().silence_ms, TurnSettings().min_speech_ms)
+    signals = [s for p in probs if (s := d.feed(float(p)))]
+    assert signals == [Signal.ONSET, Signal.CONFIRMED, Signal.ENDED]  # one turn: no split inside the sentence
+
+
+# ---- inbound --------------------------------------------------------------------------------------------------
+
+
+def rtp(seq: int, ts: int) -> RtpPacket:
+    packet = RtpPacket(payload_type=111, sequence_number=seq, timestamp=ts)
+    packet.payload = bytes([seq % 256])
+    packet._data = packet.payload
+    return packet
+
+
+def test_in_order_buffer_hands_each_packet_on_at_once_and_drops_late_ones() -> None:
+    buf = InOrderAudioBuffer()
+    out = [buf.add(rtp(seq, seq * 960))[1] for seq in (65534, 65535, 0, 2, 1, 3)]
+    assert [f.timestamp if f else None for f in out] == [65534 * 960, 65535 * 960, 0, 2 * 960, None, 3 * 960]
+
+
+def test_downmix_48k_stereo_s16_to_16k_mono_float_and_chunking() -> None:
+    down, chunker = Downmixer(), Chunker(CHUNK_SAMPLES)
+    t = np.arange(960 * 50) / 48000
+    tone = (np.sin(2 * np.pi * 440 * t) * 16000).astype(np.int16)
+    total, chunks = 0, []
+    for i in range(50):
+        pcm = np.repeat(tone[i * 960:(i + 1) * 960], 2).reshape(1, -1)  # packed stereo
+        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="stereo")
+        frame.sample_rate, frame.pts, frame.time_base = 48000, i * 960, fractions.Fraction(1, 48000)
+        samples = down(frame)
+        assert samples.dtype == np.float32
+        total += len(samples)
+        chunks += list(chunker.push(samples))
+    assert abs(total - 16000) < 64  # the resampler holds back a few samples
+    assert all(c.shape == (CHUNK_SAMPLES,) for c in chunks) and len(chunks) == total // CHUNK_SAMPLES
+    assert np.max(np.abs(np.concatenate(chunks))) == pytest.approx(16000 / 32768, rel=0.05)
+
+
+# ---- outbound -------------------------------------------------------------------------------------------------
+
+
+def test_opus_encoder_makes_one_80ms_packet_per_frame() -> None:
+    enc = OpusEncoder()
+    dec = av.CodecContext.create("libopus", "r")
+    dec.sample_rate, dec.layout, dec.format = 48000, "stereo", "s16"
+    tone = (0.3 * np.sin(2 * np.pi * 300 * np.arange(FRAME_SAMPLES) / 24000)).astype(np.float32)
+    for _ in range(3):
+        packet = enc.encode(tone)
+        frames = dec.decode(av.Packet(bytes(packet)))
+        assert [f.samples for f in frames] == [PACKET_STEP]
+
+
+def test_outbound_track_paces_packets_plays_answers_and_drops_them_on_interrupt() -> None:
+    async def main() -> None:
+        track = OutboundAudioTrack()
+        tone = np.full(FRAME_SAMPLES, 0.2, np.float32)
+        started = time.monotonic()
+        packets = [await track.recv() for _ in range(3)]  # 20 ms silence packets while idle
+        playout = track.start_playout()
+        for _ in range(5):
+            playout.push(tone)
+        packets += [await track.recv() for _ in range(2)]  # the answer: 80 ms packets
+        assert playout.frames_sent == 2 and playout.first_packet_at is not None
+        assert track.interrupt() is playout
+        assert playout.done.is_set() and playout.interrupted and playout.frames_dropped == 3
+        packets += [await track.recv() for _ in range(2)]  # one 80 ms flush of zeros, then idle again
+        elapsed = time.monotonic() - started
+        steps = [IDLE_STEP] * 3 + [PACKET_STEP] * 3 + [IDLE_STEP]  # each packet's duration
+        assert np.diff([p.pts for p in packets]).tolist() == steps[:-1]
+        assert elapsed == pytest.approx(sum(steps[:-1]) / 48000, abs=0.04)  # paced in real time
+
+        dec = av.CodecContext.create("libopus", "r")
+        dec.sample_rate, dec.layout, dec.format = 48000, "stereo", "s16"
+        decoded = [sum(f.samples for f in dec.decode(av.Packet(bytes(p)))) for p in packets]
+        assert decoded == steps  # each packet decodes to exactly its timestamp step
+
+        late = track.start_playout()  # an engine slower than real time: a gap, then a late frame
+        late.push(tone)
+        assert (await track.recv()).pts == packets[-1].pts + IDLE_STEP
+        gap = await track.recv()  # nothing queued mid-answer: an 80 ms packet of zeros holds the slot
+        late.push(tone)
+        late.finish()
+        await track.recv()
+        assert late.done.is_set() and late.frames_sent == 2 and late.frames_late == 1
+        flush, idle = await track.recv(), await track.recv()
+        assert idle.pts - flush.pts == PACKET_STEP and gap.pts
+        track.stop()
+
+    run(main())
+
+
+# ---- protocol and settings ------------------------------------------------------------------------------------
+
+
+def test_client_messages() -> None:
+    turn = TurnSettings()
+    assert parse_client_message('{"type": "input_audio_buffer.commit"}', turn) == Commit()
+    assert parse_client_message('{"type": "response.cancel"}', turn) == CancelResponse()
+    msg = parse_client_message('{"type": "session.update", "session": {"turn_detection": '
+                               '{"type": "server_vad", "silence_duration_ms": 700, "threshold": 0.6}}}', turn)
+    assert isinstance(msg, SessionUpdate) and msg.turn is not None
+    assert (msg.turn.silence_ms, msg.turn.vad_threshold, msg.turn.auto) == (700, 0.6, True)
+    ptt = parse_client_message('{"type": "session.update", "session": {"turn_detection": null}}', turn)
+    assert ptt.turn is not None and not ptt.turn.auto
+    for bad in ['{"type": "session.update", "session": {"turn_detection": {"silence_duration_ms": -1}}}',
+                '{"type": "session.update", "session": {"turn_detection": {"threshold": "high"}}}',
+                '{"type": "session.update", "session": {"instructions": 5}}',
+                '{"type": "session.update"}', '"just a string"', "{"]:
+        with pytest.raises(ProtocolError):
+            parse_client_message(bad, turn)
+    assert parse_offer({"sdp": "v=0\r\n", "type": "offer", "voice": "aiden"}).voice == "aiden"
+
+
+def test_settings_precedence_and_ice_servers(tmp_path) -> None:
+    config = tmp_path / "rtc.toml"
+    config.write_text('port = 9000\nvoice = "aiden"\n[turn]\nsilence_ms = 600\n')
+    env = {"RTC_AGENT_PORT": "9100", "RTC_AGENT_BARGE_IN_MS": "300", "RTC_AGENT_SELF_SIGNED": "yes"}
+    s = build_settings({"port": 9200, "voice": None}, env=env, config_file=str(config))
+    assert (s.port, s.voice, s.turn.silence_ms, s.turn.barge_in_ms, s.self_signed) == (9200, "aiden", 600, 300, True)
+    assert s.scheme == "https"
+    with pytest.raises(ValueError):
+        build_settings({"voice": "bob"}, env={})
+    with pytest.raises(ValueError):
+        build_settings({"cert": "c.pem"}, env={})
+    turn = parse_ice_server("turn:alice:pw@turn.example.com:3478?transport=udp")
+    assert (turn.urls, turn.username, turn.credential) == ("turn:turn.example.com:3478?transport=udp", "alice", "pw")
+    assert parse_ice_server("stun:stun.example.com:3478").username is None
+    with pytest.raises(ValueError):
+        parse_ice_server("http://example.com")

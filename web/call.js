@@ -1,0 +1,285 @@
+// One WebRTC call to the rtc-agent server: signaling (POST api/offer, DELETE api/sessions/{id}), the `events`
+// data channel, the outgoing 2 fps video, and liveness. Knows nothing about the page's markup.
+
+export const VIDEO_FPS = 2;
+export const VIDEO_MAX_SIDE = 640; // what goes out; the server keeps 448 px at most
+const ICE_GATHER_TIMEOUT_MS = 2500;
+const CONNECT_TIMEOUT_MS = 15000;
+const SILENT_PEER_MS = 4000; // the server sends a packet every 80 ms, silence included
+
+/** An HTTP error from the server's JSON error body: {"error": {"code", "message"}}. */
+export class ServerError extends Error {
+  constructor(status, code, message, retryAfter) {
+    super(message || `HTTP ${status}`);
+    this.name = "ServerError";
+    this.status = status;
+    this.code = code || "";
+    this.retryAfter = retryAfter;
+  }
+}
+
+/** The network or the peer connection failed. */
+export class ConnectionError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "ConnectionError";
+  }
+}
+
+export function apiUrl(path) {
+  return new URL(path, document.baseURI).toString();
+}
+
+function authHeaders(token) {
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+async function errorFrom(resp) {
+  let code = "", message = "";
+  try {
+    const body = await resp.json();
+    code = body?.error?.code ?? "";
+    message = body?.error?.message ?? "";
+  } catch { /* not JSON */ }
+  const retry = Number.parseFloat(resp.headers.get("Retry-After") ?? "");
+  return new ServerError(resp.status, code, message, Number.isFinite(retry) ? retry : undefined);
+}
+
+function waitIceGathering(pc, timeoutMs) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      resolve();
+    };
+    const check = () => { if (pc.iceGatheringState === "complete") done(); };
+    const timer = setTimeout(done, timeoutMs); // STUN may hang; send what was gathered
+    pc.addEventListener("icegatheringstatechange", check);
+  });
+}
+
+/**
+ * Events (CustomEvent, detail in brackets):
+ *   message [server JSON]   state ["connecting"|"connected"|"lost"|"closed"]   remotestream [MediaStream]
+ */
+export class Call extends EventTarget {
+  constructor({ token = "", voice, instructions, micTrack, micStream, video = false, iceServers = [] }) {
+    super();
+    this.token = token;
+    this.voice = voice;
+    this.instructions = instructions;
+    this.micTrack = micTrack;
+    this.micStream = micStream;
+    this.wantsVideo = video;
+    this.iceServers = iceServers;
+    this.sessionId = null;
+    this.pc = null;
+    this.dc = null;
+    this.remoteStream = null;
+    this.audioSender = null;
+    this.videoSender = null;
+    this.closed = false;
+    this._lastPackets = -1;
+    this._lastPacketAt = 0;
+    this._watch = null;
+    this._disconnectTimer = null;
+  }
+
+  _emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+
+  async start() {
+    const pc = (this.pc = new RTCPeerConnection({ iceServers: this.iceServers, bundlePolicy: "max-bundle" }));
+    this.dc = pc.createDataChannel("events", { ordered: true });
+    this.dc.addEventListener("message", (e) => {
+      let msg;
+      try { msg = JSON.parse(e.data); } catch { return; }
+      if (msg && typeof msg.type === "string") this._emit("message", msg);
+    });
+    this.dc.addEventListener("close", () => this._lost("The server ended the call or went away."));
+
+    const audio = pc.addTransceiver(this.micTrack, { direction: "sendrecv", streams: [this.micStream] });
+    this.audioSender = audio.sender;
+    if (this.wantsVideo) {
+      // A video line from the start, so that the camera and screen share come and go without renegotiation.
+      const video = pc.addTransceiver("video", { direction: "sendonly" });
+      this.videoSender = video.sender;
+    }
+    pc.addEventListener("track", (e) => {
+      if (e.track.kind !== "audio") return;
+      this.remoteStream = e.streams[0] ?? new MediaStream([e.track]);
+      this._emit("remotestream", this.remoteStream);
+    });
+    pc.addEventListener("connectionstatechange", () => this._onConnectionState());
+
+    await pc.setLocalDescription(await pc.createOffer());
+    await waitIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
+    if (this.closed) throw new ConnectionError("The call was ended.");
+
+    const body = { sdp: pc.localDescription.sdp, type: "offer" };
+    if (this.voice) body.voice = this.voice;
+    if (this.instructions) body.instructions = this.instructions;
+    let resp;
+    try {
+      resp = await fetch(apiUrl("api/offer"), {
+        method: "POST",
+        headers: { "Content-Type": "application/json", ...authHeaders(this.token) },
+        body: JSON.stringify(body),
+        cache: "no-store",
+      });
+    } catch {
+      throw new ConnectionError("The server cannot be reached.");
+    }
+    if (!resp.ok) throw await errorFrom(resp);
+    const answer = await resp.json();
+    this.sessionId = answer.session_id ?? null;
+    if (this.closed) { this._deleteSession(); throw new ConnectionError("The call was ended."); }
+    await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+    await this._connected();
+    this._startWatch();
+    return this.sessionId;
+  }
+
+  _connected() {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => finish(new ConnectionError("The media connection did not come up.")), CONNECT_TIMEOUT_MS);
+      const check = () => {
+        if (this.closed) finish(new ConnectionError("The call was ended."));
+        else if (this.pc.connectionState === "failed") finish(new ConnectionError("The media connection failed."));
+        else if (this.dc.readyState === "open" && this.pc.connectionState === "connected") finish();
+      };
+      const finish = (err) => {
+        clearTimeout(timer);
+        this.pc.removeEventListener("connectionstatechange", check);
+        this.dc.removeEventListener("open", check);
+        err ? reject(err) : resolve();
+      };
+      this.pc.addEventListener("connectionstatechange", check);
+      this.dc.addEventListener("open", check);
+      check();
+    });
+  }
+
+  _onConnectionState() {
+    const state = this.pc?.connectionState;
+    clearTimeout(this._disconnectTimer);
+    if (state === "failed") this._lost("The network connection failed.");
+    else if (state === "disconnected") {
+      this._disconnectTimer = setTimeout(() => this._lost("The network connection dropped."), SILENT_PEER_MS);
+    }
+  }
+
+  /** The server sends audio all the time (silence between answers): no packets for a while means it is gone. */
+  _startWatch() {
+    this._lastPacketAt = performance.now();
+    this._watch = setInterval(async () => {
+      const s = await this.inboundAudio();
+      if (this.closed || !s) return;
+      if (s.packetsReceived !== this._lastPackets) {
+        this._lastPackets = s.packetsReceived;
+        this._lastPacketAt = performance.now();
+      } else if (performance.now() - this._lastPacketAt > SILENT_PEER_MS) {
+        this._lost("Nothing has arrived from the server for a few seconds.");
+      }
+    }, 1000);
+  }
+
+  _lost(reason) {
+    if (this.closed || this._lostReported) return;
+    if (!this.dc || this.pc?.connectionState === "new") return; // still setting up: start() reports it
+    this._lostReported = true;
+    this._emit("state", { state: "lost", reason });
+  }
+
+  send(message) {
+    if (this.dc?.readyState !== "open") return false;
+    this.dc.send(JSON.stringify(message));
+    return true;
+  }
+
+  updateSession(session) {
+    return this.send({ type: "session.update", session });
+  }
+
+  async replaceMicTrack(track, stream) {
+    this.micTrack = track;
+    this.micStream = stream;
+    if (this.audioSender) await this.audioSender.replaceTrack(track);
+  }
+
+  /** Sends `track` (camera or screen; null stops video) at VIDEO_FPS, scaled down to VIDEO_MAX_SIDE. */
+  async setVideoTrack(track) {
+    if (!this.videoSender) return false;
+    await this.videoSender.replaceTrack(track);
+    if (track) await this._limitVideo(track);
+    return true;
+  }
+
+  async _limitVideo(track) {
+    const { width = VIDEO_MAX_SIDE, height = VIDEO_MAX_SIDE } = track.getSettings();
+    const scale = Math.max(1, Math.max(width, height) / VIDEO_MAX_SIDE);
+    const params = this.videoSender.getParameters();
+    if (!params.encodings?.length) params.encodings = [{}];
+    Object.assign(params.encodings[0], {
+      maxFramerate: VIDEO_FPS,
+      scaleResolutionDownBy: scale,
+      maxBitrate: 250_000,
+    });
+    params.degradationPreference = "maintain-resolution";
+    try {
+      await this.videoSender.setParameters(params);
+    } catch {
+      delete params.degradationPreference; // not settable in every browser
+      await this.videoSender.setParameters(params);
+    }
+  }
+
+  async stats() {
+    if (!this.pc) return null;
+    const report = await this.pc.getStats();
+    const out = { audioIn: null, audioOut: null, videoOut: null, rttMs: null };
+    report.forEach((s) => {
+      if (s.type === "inbound-rtp" && s.kind === "audio") out.audioIn = s;
+      else if (s.type === "outbound-rtp" && s.kind === "audio") out.audioOut = s;
+      else if (s.type === "outbound-rtp" && s.kind === "video") out.videoOut = s;
+      else if (s.type === "candidate-pair" && s.nominated && s.state === "succeeded" && s.currentRoundTripTime != null) {
+        out.rttMs = s.currentRoundTripTime * 1000;
+      }
+    });
+    return out;
+  }
+
+  async inboundAudio() {
+    if (!this.pc) return null;
+    const report = await this.pc.getStats();
+    let found = null;
+    report.forEach((s) => { if (s.type === "inbound-rtp" && s.kind === "audio") found = s; });
+    return found;
+  }
+
+  _deleteSession() {
+    if (!this.sessionId) return Promise.resolve();
+    const id = this.sessionId;
+    this.sessionId = null;
+    return fetch(apiUrl(`api/sessions/${encodeURIComponent(id)}`), {
+      method: "DELETE",
+      headers: authHeaders(this.token),
+      keepalive: true,
+    }).catch(() => {});
+  }
+
+  /** Ends the call here and on the server. Safe to call more than once. */
+  async hangup() {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this._watch);
+    clearTimeout(this._disconnectTimer);
+    const deleted = this._deleteSession();
+    try { this.dc?.close(); } catch { /* already closed */ }
+    try { this.pc?.close(); } catch { /* already closed */ }
+    this._emit("state", { state: "closed" });
+    await deleted;
+  }
+}
