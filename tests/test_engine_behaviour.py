@@ -6,8 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from rtc_agent.engine import (Engine, EngineOptions, ModelLoadError, SessionOptions, SpeechFrame, TextDelta,
-                              TurnTooLongError)
+from rtc_agent.engine import (Engine, EngineOptions, ModelLoadError, SessionOptions, SpeechFrame, TurnTooLongError)
 from rtc_agent.engine.loader import load
 from rtc_agent.engine.tiny import tiny_checkpoint_dir
 

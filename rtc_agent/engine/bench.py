@@ -13,7 +13,7 @@ import torch
 
 from . import audio_input
 from .engine import Engine
-from .events import INPUT_SAMPLE_RATE, SpeechFrame
+from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import EngineOptions, SessionOptions
 
 FRAME_S = 0.08
@@ -91,7 +91,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         async for event in session.respond():
             if isinstance(event, SpeechFrame):
                 frames += 1
-            elif not isinstance(event, SpeechFrame) and hasattr(event, "metrics"):
+            elif isinstance(event, ResponseDone):
                 ttfp.append(event.metrics["ttfp_ms"])
                 frame_ms += [event.metrics["frame_ms_p50"]] if "frame_ms_p50" in event.metrics else []
         busy_s += time.perf_counter() - turn_started

@@ -8,7 +8,6 @@ batching several sessions into one decode step belongs.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable

@@ -1,7 +1,7 @@
 """Settings of the engine (one per process) and of each session (voice, prompt, sampling)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from .sampling import Sampling
 
