@@ -84,7 +84,7 @@ def test_chunked_prefill_encodes_while_the_caller_talks():
         for start in range(0, len(audio), 320):
             await session.push_audio(audio[start:start + 320])
         conversation = session._conversation
-        encoded_before_end = sum(a.shape[0] for a in conversation.turn.audio)
+        encoded_before_end = sum(a.shape[0] for a in conversation.turn.segment.audio)
         pending_before_end = len(conversation.pending)
         texts, frames, done = await one_turn(session, np.zeros(0, np.float32))
         return encoded_before_end, pending_before_end, frames, done

@@ -2,6 +2,7 @@
 the streaming Code2Wav, and the turn in progress. Everything here runs on the engine's worker thread."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -9,14 +10,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import audio_input
+from . import audio_input, vision_input
+from .caller_video import CallerVideo
 from .code2wav import StreamingCode2Wav
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame, TextDelta
 from .graphs import CapturedStep, PaddedPrefill, replay_at
 from .kv_cache import StaticKVCache
+from .layout import Piece, TurnLayout
 from .options import SessionOptions
 from .sampling import choose
-from .stack import run_stack
+from .stack import explicit_positions, run_stack
 from .talker import TalkerState
 
 
@@ -30,8 +33,41 @@ class Segment:
 
     role: str  # system | user | assistant
     ids: list[int]
+    positions: np.ndarray | None = None  # [3, len(ids)] rotary positions from the segment's first; None: sequential
     audio: list[torch.Tensor] = field(default_factory=list)  # encoder output for the audio placeholders, in order
+    grids: list[vision_input.VisionGrid] = field(default_factory=list)  # video seconds, in order
     talker_part: torch.Tensor | None = None  # user turns: the Talker's input embeddings for this segment
+
+    def extend(self, piece: Piece, count: int) -> None:
+        """Add the first `count` ids of a prefilled piece (the rest belongs to the next segment)."""
+        self.ids += piece.ids[:count]
+        positions = piece.position_array()[:, :count]
+        self.positions = positions if self.positions is None else np.concatenate((self.positions, positions), 1)
+        self.audio += piece.audio
+        self.grids += piece.grids
+
+    def drop_oldest_grid(self, video_id: int) -> None:
+        """Take the oldest video second out; every other token keeps its position."""
+        grid = self.grids.pop(0)
+        video = np.flatnonzero(np.array(self.ids) == video_id)[:grid.tokens]
+        keep = np.ones(len(self.ids), dtype=bool)
+        keep[video] = False
+        self.ids = [t for t, k in zip(self.ids, keep) if k]
+        self.positions = self.positions[:, keep]
+        if self.talker_part is not None:
+            self.talker_part = self.talker_part[:, torch.from_numpy(keep).to(self.talker_part.device)]
+
+
+@dataclass
+class Turn:
+    """The caller's turn while it is being prefilled."""
+
+    segment: Segment
+    layout: TurnLayout
+    start_at: float  # media-clock time of its first audio sample
+    base: int = 0  # rotary position of its first token in the Thinker
+    talker_base: int = 0  # and in the Talker
+    frames: list = field(default_factory=list)  # the video frames it took, given back if the turn is dropped
 
 
 @dataclass
@@ -45,6 +81,9 @@ class TokenIds:
     audio: int
     audio_start: int
     audio_end: int
+    vision_start: int
+    vision_end: int
+    video: int
     tts_pad: int
     tts_bos: int
     tts_eos: int
@@ -57,7 +96,8 @@ class TokenIds:
         if len(newline) != 1:
             raise ValueError(f"the tokenizer encodes a newline as {newline}, expected one token")
         return cls(c.im_start_token_id, c.im_end_token_id, c.user_token_id, c.assistant_token_id, c.system_token_id,
-                   newline[0], t.audio_token_id, t.audio_start_token_id, t.audio_end_token_id, c.tts_pad_token_id,
+                   newline[0], t.audio_token_id, t.audio_start_token_id, t.audio_end_token_id,
+                   t.vision_start_token_id, t.vision_end_token_id, t.video_token_id, c.tts_pad_token_id,
                    c.tts_bos_token_id, c.tts_eos_token_id, (t.audio_token_id, t.image_token_id, t.video_token_id))
 
 
@@ -76,8 +116,12 @@ class Conversation:
         self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1, graphs=graphs) if core.speech else None
         self.segments: list[Segment] = []
         self._last_answer: tuple[int, list[int]] | None = None  # (cache position, tokens) of the latest answer
-        self.turn: Segment | None = None  # the user turn being prefilled
+        self.turn: Turn | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
+        self.audio_clock = 0.0  # media-clock time just after the last audio pushed
+        vision = core.model.config.thinker_config.vision_config
+        self.video = CallerVideo(vision.patch_size * vision.spatial_merge_size, core.options.video_window_s,
+                                 core.options.video_still_threshold)
         self._thinker_step = self._thinker_prefill_graph = None
         if graphs:
             self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device))
@@ -95,58 +139,100 @@ class Conversation:
                 self._rebuild()
 
     # ----- caller turn -------------------------------------------------------------------------------------
-    def add_audio(self, samples: np.ndarray) -> None:
+    def add_audio(self, samples: np.ndarray, at: float | None = None) -> None:
+        """Caller audio; `at` is the media-clock time of its first sample (None: right after the last push)."""
+        at = self.audio_clock if at is None else at
+        if self.turn is None and not len(self.pending):
+            self._turn_start_at = at
         self.pending = np.concatenate((self.pending, samples))
+        self.audio_clock = at + len(samples) / INPUT_SAMPLE_RATE
         chunk = int(self.core.options.prefill_chunk_s * INPUT_SAMPLE_RATE)
         while chunk and len(self.pending) >= chunk:
             piece, self.pending = self.pending[:chunk], self.pending[chunk:]
-            self._prefill_user(self._start_turn_ids() + self._audio_ids(piece), piece)
+            self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
+
+    def add_image(self, image: np.ndarray, at: float) -> None:
+        """A caller video frame captured at media-clock time `at`; it waits for the turn of its moment."""
+        if self.core.options.video_window_s:
+            self.video.add(image, at)
 
     def has_audio(self) -> bool:
-        return len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.audio))
+        return len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.segment.audio))
 
     def abort_turn(self) -> None:
         self.pending = np.zeros(0, dtype=np.float32)
         if self.turn is not None:
+            self.video.give_back(self.turn.frames)
             self.turn = None
             self._rebuild()
 
-    def _start_turn_ids(self) -> list[int]:
+    def _open_turn(self) -> list[Piece]:
+        """Start the caller's turn if it has not started: its header and the video from before it."""
         if self.turn is not None:
             return []
         if not self.segments:
             self._append(Segment("system", self._system_ids()))
-        self._make_room()
-        self.turn = Segment("user", [])
-        i = self.ids
-        return [i.im_start, i.user, i.newline, i.audio_start]
+        start = self._turn_start_at
+        per_second = self.core.model.config.thinker_config.position_id_per_seconds
+        held, frames = self.video.take(start, -math.inf, 0)
+        held = held[-self.core.options.video_window_s:] if self.core.options.video_window_s else []
+        self._make_room(len(held))
+        layout = TurnLayout(self.ids, self.video.active_since(start - 1.0), per_second)
+        self.turn = Turn(Segment("user", [], np.zeros((3, 0), dtype=np.int64)), layout, start, frames=frames)
+        self._place_turn()
+        grids = vision_input.encode(self.core.model.thinker, [pair for _, pair in held]) if held else []
+        return [layout.opening([(second, grid) for (second, _), grid in zip(held, grids)])]
 
-    def _audio_ids(self, samples: np.ndarray) -> list[int]:
+    def _audio_piece(self, samples: np.ndarray) -> Piece:
+        """Encode a stretch of the turn's audio, with the video seconds that start in it."""
         features = audio_input.log_mel(self.core.feature_extractor, samples)
-        self._encoded = audio_input.encode(self.core.model.thinker, features)
-        return [self.ids.audio] * self._encoded.shape[0]
+        encoded = audio_input.encode(self.core.model.thinker, features)
+        turn, per_second = self.turn, self.turn.layout.per_second
+        seconds: list = []
+        if turn.layout.video:
+            first, end = turn.layout.audio_tokens, turn.layout.audio_tokens + encoded.shape[0]
+            seconds, frames = self.video.take(turn.start_at, math.ceil(first / per_second), math.ceil(end / per_second))
+            turn.frames += frames
+        grids = vision_input.encode(self.core.model.thinker, [pair for _, pair in seconds]) if seconds else []
+        self._keep_video_budget(len(grids))
+        piece = turn.layout.audio(encoded.shape[0], [(second, grid) for (second, _), grid in zip(seconds, grids)])
+        piece.audio.append(encoded)
+        return piece
 
-    def _prefill_user(self, ids: list[int], samples: np.ndarray | None, trailer: int = 0) -> torch.Tensor:
-        """Prefill a piece of the user turn (plus `trailer` assistant-header ids at its end); returns the logits
-        at its last position."""
-        audio = [self._encoded] if samples is not None else []
+    def _prefill_turn(self, pieces: list[Piece], trailer: int = 0) -> torch.Tensor:
+        """Prefill pieces of the user turn (plus `trailer` assistant-header ids at the end); returns the logits
+        at the last position."""
+        piece = Piece()
+        for part in pieces:
+            piece.ids += part.ids
+            piece.positions += part.positions
+            piece.audio += part.audio
+            piece.grids += part.grids
         reserve = self.core.options.max_answer_tokens + 8
-        if self.cache.length + len(ids) + reserve > self.cache.max_len:
+        if self.cache.length + len(piece.ids) + reserve > self.cache.max_len:
             self.abort_turn()
             raise TurnTooLongError(
                 f"the caller's turn does not fit in the context budget of {self.cache.max_len} tokens "
                 f"(about {self.cache.max_len // 13} s of audio with room for an answer); it was dropped")
-        hidden, captured, embeds = self._thinker_prefill(ids, audio)
-        user_len = len(ids) - trailer
-        self.turn.ids += ids[:user_len]
-        self.turn.audio += audio
+        turn = self.turn
+        positions = piece.position_array()
+        hidden, captured, embeds = self._thinker_prefill(piece.ids, piece.audio, piece.grids, positions + turn.base)
+        user_len = len(piece.ids) - trailer
+        turn.segment.extend(piece, user_len)
         if self.talker is not None:
-            part = self._talker_user_part(ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
-            self.talker.prefill_user_part(part)
-            self.turn.talker_part = part if self.turn.talker_part is None else torch.cat((self.turn.talker_part, part), 1)
+            segment = turn.segment
+            part = self._talker_user_part(piece.ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
+            self.talker.prefill_user_part(part, positions[:, :user_len] + turn.talker_base)
+            segment.talker_part = part if segment.talker_part is None else torch.cat((segment.talker_part, part), 1)
         return self.core.model.thinker.lm_head(hidden[:, -1])
 
-    def _thinker_prefill(self, ids: list[int], audio: list[torch.Tensor]):
+    def _place_turn(self) -> None:
+        """The turn starts where the context ends, in the Thinker and in the Talker."""
+        self.turn.base = self.cache.next_position
+        self.turn.talker_base = self.talker.next_user_position() if self.talker is not None else 0
+
+    def _thinker_prefill(self, ids: list[int], audio: list[torch.Tensor], grids: list[vision_input.VisionGrid] = (),
+                         positions: np.ndarray | None = None):
         model = self.core.model
         lm = model.thinker.model.language_model
         id_tensor = torch.tensor([ids], device=self.core.device)
@@ -154,17 +240,27 @@ class Conversation:
         if audio:
             mask = (id_tensor == self.ids.audio).unsqueeze(-1).expand_as(embeds)
             embeds = embeds.masked_scatter(mask, torch.cat(audio).to(embeds.dtype))
-        if self._thinker_prefill_graph is not None and self._thinker_prefill_graph.fits(embeds.shape[1]):
+        deepstack = None
+        if grids:
+            video = id_tensor[0] == self.ids.video
+            embeds = embeds.clone()
+            embeds[0, video] = torch.cat([g.embeds for g in grids]).to(embeds.dtype)
+            layers = len(grids[0].deepstack)
+            deepstack = (video, [torch.cat([g.deepstack[i] for g in grids]) for i in range(layers)])
+        positions = explicit_positions(positions, self.cache)
+        if positions is None and self._thinker_prefill_graph is not None and self._thinker_prefill_graph.fits(embeds.shape[1]):
             hidden, captured = self._thinker_prefill_graph(embeds)
         else:
-            hidden, captured = self._thinker_stack(embeds, graph_mode=False)
+            hidden, captured = self._thinker_stack(embeds, graph_mode=False, positions=positions, deepstack=deepstack)
         return hidden, captured, embeds
 
-    def _thinker_stack(self, embeds: torch.Tensor, graph_mode: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def _thinker_stack(self, embeds: torch.Tensor, graph_mode: bool = True, positions: torch.Tensor | None = None,
+                       deepstack=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Thinker layers over `embeds`; also returns the hidden states the Talker reads (accept_hidden_layer)."""
         lm = self.core.model.thinker.model.language_model
         capture = self.core.model.config.talker_config.accept_hidden_layer if self.talker is not None else None
-        hidden, captured = run_stack(lm, embeds, self.cache, mrope=True, capture_layer=capture, graph_mode=graph_mode)
+        hidden, captured = run_stack(lm, embeds, self.cache, mrope=True, capture_layer=capture, graph_mode=graph_mode,
+                                     positions=positions, deepstack=deepstack)
         return hidden, hidden if captured is None else captured
 
     def _talker_user_part(self, ids: list[int], embeds: torch.Tensor, captured: torch.Tensor) -> torch.Tensor:
@@ -183,18 +279,52 @@ class Conversation:
 
     def _append(self, segment: Segment) -> None:
         """Prefill a whole segment (system or assistant text) into the Thinker's cache."""
-        self._thinker_prefill(segment.ids, segment.audio)
+        self._prefill_segment(segment)
         self.segments.append(segment)
 
-    # ----- context budget ------------------------------------------------------------------------------------
-    def _make_room(self) -> None:
-        """Before a new turn: if the cache is over half full, drop the oldest turns until it is a quarter full."""
-        limit = self.cache.max_len
-        if self.cache.length <= limit // 2:
+    def _prefill_segment(self, segment: Segment) -> None:
+        """Prefill a kept segment into the Thinker's cache, where the context ends."""
+        if not segment.ids:
             return
-        while len(self.segments) > 1 and sum(len(s.ids) for s in self.segments) > limit // 4:
-            del self.segments[1]  # the oldest turn after the system prompt
-        self._rebuild()
+        base = self.cache.next_position
+        positions = None if segment.positions is None else segment.positions + base
+        self._thinker_prefill(segment.ids, segment.audio, segment.grids, positions)
+
+    def _prefill_talker_part(self, segment: Segment) -> None:
+        if segment.talker_part is not None:
+            self.talker.prefill_user_part(segment.talker_part, segment.positions + self.talker.next_user_position())
+
+    # ----- context budget ------------------------------------------------------------------------------------
+    def _make_room(self, new_grids: int) -> None:
+        """Before a new turn: if the cache is over half full, drop the oldest turns until it is a quarter full;
+        keep the video within its budget (with `new_grids` seconds about to come)."""
+        limit = self.cache.max_len
+        dropped = self._drop_video(new_grids)
+        if self.cache.length > limit // 2:
+            while len(self.segments) > 1 and sum(len(s.ids) for s in self.segments) > limit // 4:
+                del self.segments[1]  # the oldest turn after the system prompt
+            dropped = True
+        if dropped:
+            self._rebuild()
+
+    def _keep_video_budget(self, new_grids: int) -> None:
+        """During a turn: past the video budget, drop the oldest seconds and rebuild the cache."""
+        if self._drop_video(new_grids):
+            self._rebuild()
+
+    def _drop_video(self, new_grids: int) -> bool:
+        """If the context would hold more than the video window plus half of it again, drop the oldest seconds of
+        video down to the window. Dropping in batches keeps rebuilds rare; returns whether any was dropped."""
+        window = self.core.options.video_window_s
+        holders = [s for s in [*self.segments, self.turn.segment if self.turn else None] if s is not None and s.grids]
+        held = sum(len(s.grids) for s in holders) + new_grids
+        if held <= window + max(2, window // 2):
+            return False
+        for segment in holders:
+            while segment.grids and held > window:
+                segment.drop_oldest_grid(self.ids.video)
+                held -= 1
+        return True
 
     def _rebuild(self) -> None:
         self.cache.crop(0)
@@ -202,9 +332,12 @@ class Conversation:
             self.talker.cache.crop(0)
             self.talker.user_length = 0
         for segment in self.segments:
-            self._thinker_prefill(segment.ids, segment.audio)
-            if segment.talker_part is not None:
-                self.talker.prefill_user_part(segment.talker_part)
+            self._prefill_segment(segment)
+            self._prefill_talker_part(segment)
+        if self.turn is not None:
+            self._place_turn()
+            self._prefill_segment(self.turn.segment)
+            self._prefill_talker_part(self.turn.segment)
 
     # ----- answer ----------------------------------------------------------------------------------------------
     def answer(self) -> Iterator[Event]:
@@ -213,14 +346,13 @@ class Conversation:
         i, opts = self.ids, self.options
         tail = self.pending
         self.pending = np.zeros(0, dtype=np.float32)
-        ids = self._start_turn_ids()
-        has_tail = len(tail) >= audio_input.MEL_HOP
-        if has_tail:
-            ids += self._audio_ids(tail)
+        pieces = self._open_turn()
+        if len(tail) >= audio_input.MEL_HOP:
+            pieces.append(self._audio_piece(tail))
         header = [i.im_start, i.assistant, i.newline]
-        ids += [i.audio_end, i.im_end, i.newline] + header
-        logits = self._prefill_user(ids, tail if has_tail else None, trailer=len(header))
-        self.segments.append(self.turn)
+        pieces.append(self.turn.layout.closing(header))
+        logits = self._prefill_turn(pieces, trailer=len(header))
+        self.segments.append(self.turn.segment)
         self.turn = None
         answer_start = self.cache.length - len(header)
 
@@ -325,8 +457,9 @@ class Conversation:
         self.cache.crop(answer_start)
         self.segments[-1] = Segment("assistant", header + kept + [self.ids.im_end, self.ids.newline])
         self._thinker_prefill(self.segments[-1].ids, [])
-        if self.turn is not None and self.turn.ids:  # the caller's next turn had started: prefill it again after
-            self._thinker_prefill(self.turn.ids, self.turn.audio)
+        if self.turn is not None and self.turn.segment.ids:  # the caller's next turn had started: prefill it again
+            self.turn.base = self.cache.next_position  # (its Talker part is not behind the answer: it stays)
+            self._prefill_segment(self.turn.segment)
 
     def _choose_text(self, logits: torch.Tensor) -> int:
         return int(choose(logits, self.options.thinker_sampling, self.generator))

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from . import audio_input
+from . import audio_input, vision_input
 from .conversation import Conversation, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
@@ -57,7 +57,8 @@ class Engine:
     def describe(self) -> dict[str, Any]:
         return {"model": self.loaded.name, "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "speech": self.speech, "streaming": self.options.streaming, "ready": self.ready,
-                "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens}
+                "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens,
+                "video_window_s": self.options.video_window_s}
 
     def gpu_peak_gb(self) -> float | None:
         if self.device.type != "cuda":
@@ -104,7 +105,7 @@ class Session:
         self.options = self._resolve(options)
         self._conversation: Conversation | None = None
         self._answering = False
-        self._buffered: list[np.ndarray] = []  # audio pushed while an answer is being made
+        self._buffered: list[tuple[np.ndarray, float | None]] = []  # audio pushed while an answer is being made
         self._interrupt: int | None = None
         self.closed = False
 
@@ -125,17 +126,42 @@ class Session:
             await self.engine.run(self._conversation.apply, self.options)
         return self._conversation
 
-    async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE) -> None:
-        """Caller audio as it arrives: mono float32 at 16 kHz. Prefills in the background every chunk."""
+    async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
+                         at: float | None = None) -> None:
+        """Caller audio as it arrives: mono float32 at 16 kHz. Prefills in the background every chunk.
+
+        `at` is the time of the first sample on the session's media clock (seconds), the clock `push_image`
+        uses; None means right after the previous push. Only calls with video need it."""
         self._check_open()
         if sample_rate != INPUT_SAMPLE_RATE:
             raise ValueError(f"audio must be {INPUT_SAMPLE_RATE} Hz, got {sample_rate} Hz: resample it first")
         samples = audio_input.check_samples(samples)
+        at = _check_time(at) if at is not None else None
         if self._answering:
-            self._buffered.append(samples)
+            self._buffered.append((samples, at))
             return
         conv = await self._conv()
-        await self.engine.run(conv.add_audio, samples)
+        await self.engine.run(conv.add_audio, samples, at)
+
+    async def push_image(self, image: np.ndarray, at: float) -> None:
+        """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait
+        until the turn of their moment (the last `video_window_s` seconds of them); sides are rounded to multiples
+        of 32 pixels. About 2 frames a second is what the model reads."""
+        self._check_open()
+        image = vision_input.check_image(image)
+        at = _check_time(at)
+        conv = await self._conv()
+        await self.engine.run(conv.add_image, image, at)
+
+    def video_stats(self) -> dict[str, Any]:
+        """What became of the caller's video: frames received, seconds of video in the context."""
+        conv = self._conversation
+        if conv is None:
+            return {"frames_received": 0, "last_at": None, "seconds_in_context": 0, "tokens_in_context": 0}
+        segments = [*conv.segments, *([conv.turn.segment] if conv.turn is not None else [])]
+        grids = [g for s in segments for g in s.grids]
+        return {"frames_received": conv.video.received, "last_at": conv.video.last_at,
+                "seconds_in_context": len(grids), "tokens_in_context": sum(g.tokens for g in grids)}
 
     async def abort_turn(self) -> None:
         """Forget the caller audio pushed since the last answer (a false start)."""
@@ -174,8 +200,8 @@ class Session:
             await self.engine.run(steps.close)
             self._answering = False
             buffered, self._buffered = self._buffered, []
-            for samples in buffered:
-                await self.engine.run(conv.add_audio, samples)
+            for samples, at in buffered:
+                await self.engine.run(conv.add_audio, samples, at)
 
     async def cancel(self, frames_played: int | None = None) -> None:
         """Barge-in: stop the answer within one frame. `frames_played` is how many frames the caller heard (the
@@ -196,3 +222,9 @@ class Session:
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this session is closed")
+
+
+def _check_time(at: float) -> float:
+    if not isinstance(at, (int, float)) or not np.isfinite(at) or at < 0:
+        raise ValueError(f"a media-clock time must be a finite number of seconds >= 0, got {at!r}")
+    return float(at)

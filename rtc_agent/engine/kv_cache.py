@@ -3,6 +3,9 @@
 Keys and values live in `[batch, kv_heads, max_len, head_dim]` buffers, written in place. The attention layers of
 transformers call `update(k, v, layer_idx)`, which is all this needs to stand in for the library's cache. Cropping
 (multi-turn rollback, barge-in) is moving `length` back.
+
+Rotary positions are not cache slots once video is in the context (TMRoPE places a video second's tokens at one
+time position), so the cache also keeps `rope_delta`: the position of the next sequential token minus `length`.
 """
 from __future__ import annotations
 
@@ -23,8 +26,10 @@ class StaticKVCache:
         self.window = window  # sliding-window attention: each query sees at most this many keys (itself included)
         self.length = 0  # positions holding data
         self._pending = 0  # positions being written by the forward in progress
+        self.rope_delta = 0  # rotary position of slot `length` is `length + rope_delta`
         # CUDA-graph steps read where to write from a device tensor instead of `length` (see graphs.py).
         self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.rope_delta_tensor = torch.zeros(1, dtype=torch.long, device=device)  # `rope_delta`, for graphs
         self.graph_positions: torch.Tensor | None = None  # set while a graph-mode forward is traced
         self._key_index = torch.arange(max_len, device=device)
 
@@ -43,9 +48,22 @@ class StaticKVCache:
         self._pending = 0
 
     def crop(self, length: int) -> None:
+        """Forget the positions from `length` on. Crops only go back into sequential text (an answer) or to 0, so
+        `rope_delta` holds, and is 0 again for an empty cache."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot crop a cache of {self.length} positions to {length}")
         self.length = length
+        if length == 0:
+            self.set_next_position(0)
+
+    @property
+    def next_position(self) -> int:
+        """Rotary position of the next sequential token."""
+        return self.length + self.rope_delta
+
+    def set_next_position(self, position: int) -> None:
+        self.rope_delta = position - self.length
+        self.rope_delta_tensor.fill_(self.rope_delta)
 
     def visible_start(self) -> int:
         """First key position the queries of the pending forward may see."""

@@ -23,16 +23,22 @@ class EngineOptions:
     text_only: bool = False  # no Talker or Code2Wav: not even loaded
     streaming: bool = True  # False: the whole answer is made, then its text and audio come out at once
     prefill_chunk_s: float = 1.0  # encode and prefill the caller's audio every this many seconds; 0: at turn end
-    context_tokens: int = 4096  # Thinker KV cache per session; oldest turns are dropped beyond it
+    context_tokens: int = 8192  # Thinker KV cache per session; oldest turns are dropped beyond it
     max_answer_tokens: int = 256
     max_frames: int = 1024  # 82 s of speech
     cuda_graphs: bool = True  # decode steps as CUDA graphs (GPU only)
+    video_window_s: int = 30  # seconds of caller video kept in the context (one grid of tokens each); 0: no video
+    video_still_threshold: float = 2.0  # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):
             raise ValueError("prefill_chunk_s must be 0 (whole turn at its end) or at least 0.5 s")
         if self.context_tokens < 256 + self.max_answer_tokens:
             raise ValueError(f"context_tokens must be at least max_answer_tokens + 256 = {256 + self.max_answer_tokens}")
+        if not 0 <= self.video_window_s <= 600:
+            raise ValueError("video_window_s must be 0 (no video) to 600 seconds")
+        if self.video_still_threshold < 0:
+            raise ValueError("video_still_threshold must be >= 0 (0: keep every second of video)")
         if self.max_answer_tokens < 1 or self.max_frames < 1:
             raise ValueError("max_answer_tokens and max_frames must be >= 1")
 

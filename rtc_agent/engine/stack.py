@@ -7,42 +7,68 @@ directly keeps the per-step work to the layers themselves and lets the same func
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from .kv_cache import StaticKVCache
 
 
-def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrope: bool,
-              capture_layer: int | None = None, graph_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Append `embeds` [1, T, hidden] at the end of `cache`; positions are sequential (audio and text only).
+def explicit_positions(positions: np.ndarray | None, cache: StaticKVCache) -> torch.Tensor | None:
+    """`positions` [3, T] as a tensor, or None where they are the sequential ones the cache would give anyway
+    (audio and text), which keeps those prefills on the graphed path."""
+    if positions is None:
+        return None
+    start = cache.next_position
+    if np.array_equal(positions, np.broadcast_to(np.arange(start, start + positions.shape[1]), positions.shape)):
+        return None
+    return torch.from_numpy(np.ascontiguousarray(positions))
 
-    Returns the final normed hidden states [1, T, hidden] and, if `capture_layer` is given, the hidden states
-    entering that layer (what transformers reports as `hidden_states[capture_layer]`). With `graph_mode` the
-    positions start at `cache.position` (a device tensor) and shapes are fixed, for capture in a CUDA graph.
+
+def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrope: bool,
+              capture_layer: int | None = None, graph_mode: bool = False, positions: torch.Tensor | None = None,
+              deepstack: tuple[torch.Tensor, list[torch.Tensor]] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Append `embeds` [1, T, hidden] at the end of `cache`.
+
+    Rotary positions are `positions` [3, T] (TMRoPE: time, height, width) where given, and otherwise sequential
+    from `cache.next_position`; after explicit positions the next sequential one is the last token's largest + 1,
+    as in the library's `get_rope_index`. `deepstack` (a mask [T] of the video tokens and one feature tensor per
+    early layer) is added to those tokens after each of the first layers, as the library's Thinker does.
+
+    Returns the final normed hidden states [1, T, hidden] and, if `capture_layer` is given, what transformers
+    reports as `hidden_states[capture_layer]` (the output of layer `capture_layer - 1`, before any deepstack
+    addition). With `graph_mode` the slots start at `cache.position` (a device tensor) and shapes are fixed, for
+    capture in a CUDA graph.
     """
     count = embeds.shape[1]
     graph = graph_mode and cache is not None
-    if graph:  # fixed shapes, positions from a device tensor: capturable as a CUDA graph
-        positions, mask = cache.graph_step(count)
-        positions = positions[None]
+    if graph:  # fixed shapes, positions from device tensors: capturable as a CUDA graph
+        if positions is not None or deepstack is not None:
+            raise ValueError("explicit positions and deepstack features are not captured in graphs")
+        slots, mask = cache.graph_step(count)
+        rope = (slots + cache.rope_delta_tensor)[None]
     else:
-        positions = torch.arange(cache.length, cache.length + count, device=embeds.device)[None]
+        rope = torch.arange(count, device=embeds.device)[None] + cache.next_position
         mask = cache.attention_mask(count, embeds.device)
         cache.begin(count)
-    if mrope:
-        positions = positions[None].expand(3, -1, -1)
-    position_embeddings = model.rotary_emb(embeds, positions)
-    hidden, captured = embeds, None
+    if positions is not None:
+        rope = positions.to(embeds.device)[:, None]
+    elif mrope:
+        rope = rope[None].expand(3, -1, -1)
+    position_embeddings = model.rotary_emb(embeds, rope)
+    hidden, captured = embeds, (embeds if capture_layer == 0 else None)
     for index, layer in enumerate(model.layers):
-        if index == capture_layer:
-            captured = hidden
         hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
                        past_key_values=cache, position_ids=None)
+        if index + 1 == capture_layer:
+            captured = hidden
+        if deepstack is not None and index < len(deepstack[1]):
+            hidden = hidden.clone()
+            hidden[0, deepstack[0]] += deepstack[1][index].to(hidden.dtype)
     if graph:
         cache.graph_positions = None
     else:
         cache.commit()
-    if capture_layer is not None and capture_layer >= len(model.layers):
-        captured = hidden
+        if positions is not None:
+            cache.set_next_position(int(positions[:, -1].max()) + 1)
     return model.norm(hidden), captured

@@ -2,12 +2,13 @@
 (code 0 from the Talker, codes 1-15 from the code predictor)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .graphs import CapturedStep, PaddedPrefill, replay_at
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_noise
-from .stack import run_stack
+from .stack import explicit_positions, run_stack
 
 
 class TalkerState:
@@ -50,16 +51,19 @@ class TalkerState:
                 lambda h, c, n: self._predict(h, c, sampling, n, graph_mode=True), hidden, code0, noise)
         return self._predictor_graphs[sampling]
 
-    def _run(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Talker layers over `embeds` at the end of the cache, through a graph where one fits."""
-        if self._step is not None and embeds.shape[1] == 1:
+    def _run(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Talker layers over `embeds` at the end of the cache (at TMRoPE `positions` if given), through a graph
+        where one fits."""
+        if positions is None and self._step is not None and embeds.shape[1] == 1:
             return replay_at(self._step, self.cache, 1, embeds)
-        if self._prefill is not None and self._prefill.fits(embeds.shape[1]):
+        if positions is None and self._prefill is not None and self._prefill.fits(embeds.shape[1]):
             return self._prefill(embeds)
-        return self._talker_logits(embeds)
+        return self._talker_logits(embeds, positions=positions)
 
-    def _talker_logits(self, embeds: torch.Tensor, graph_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, _ = run_stack(self.talker.model, embeds, self.cache, mrope=True, graph_mode=graph_mode)
+    def _talker_logits(self, embeds: torch.Tensor, graph_mode: bool = False,
+                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, _ = run_stack(self.talker.model, embeds, self.cache, mrope=True, graph_mode=graph_mode,
+                              positions=positions)
         return hidden, self.talker.codec_head(hidden)
 
     def _predict(self, last_hidden: torch.Tensor, code0: torch.Tensor, sampling: Sampling, noise: torch.Tensor,
@@ -81,10 +85,16 @@ class TalkerState:
             codes.append(code)
         return torch.cat(codes, dim=1)[0]
 
-    def prefill_user_part(self, embeds: torch.Tensor) -> None:
-        """Append a piece of a user turn (Talker input embeddings [1, T, hidden]) to the kept user context."""
+    def next_user_position(self) -> int:
+        """Rotary position where the next user part goes (the assistant part of an answer is dropped first)."""
         self.cache.crop(self.user_length)
-        self._run(embeds)
+        return self.cache.next_position
+
+    def prefill_user_part(self, embeds: torch.Tensor, positions: np.ndarray) -> None:
+        """Append a piece of a user turn (Talker input embeddings [1, T, hidden] at rotary `positions` [3, T]) to
+        the kept user context."""
+        self.cache.crop(self.user_length)
+        self._run(embeds, explicit_positions(positions, self.cache))
         self.user_length = self.cache.length
 
     def end_answer(self) -> None:
