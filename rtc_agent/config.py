@@ -10,6 +10,9 @@ from typing import Any, Mapping
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 VOICES = ("chelsie", "ethan", "aiden")
+VISION_BLOCK = 32  # the vision encoder's patch (16 px) times its spatial merge (2): one Thinker token per block
+MAX_VIDEO_SIDE = 1280
+MAX_VIDEO_FPS = 10.0
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly and in a friendly, spoken style."
 
 
@@ -43,6 +46,9 @@ class Settings:
     max_answer_s: float = 30.0  # an answer's speech stops after this long (the random-weight tiny model never ends)
     turn: TurnSettings = field(default_factory=TurnSettings)
     peer_timeout_s: float = 5.0  # no inbound audio this long: the peer is gone, the call is ended
+    video_fps: float = 2.0  # caller video frames per second handed to the model (README: Video)
+    video_max_side: int = 384  # frames are scaled to fit in this square, sides multiples of 32 (README: Video)
+    video_window_s: int = 30  # seconds of caller video the model keeps in its context; 0: video is ignored
     max_body_bytes: int = 256 * 1024
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
@@ -123,6 +129,13 @@ def validate(s: Settings) -> None:
         raise ValueError("max_answer_s must be between 0.08 and 600")
     if s.max_sessions < 1:
         raise ValueError("max_sessions must be at least 1")
+    if not 0.1 <= s.video_fps <= MAX_VIDEO_FPS:
+        raise ValueError(f"video_fps must be between 0.1 and {MAX_VIDEO_FPS:g}")
+    if not (VISION_BLOCK <= s.video_max_side <= MAX_VIDEO_SIDE and s.video_max_side % VISION_BLOCK == 0):
+        raise ValueError(f"video_max_side must be a multiple of {VISION_BLOCK} between {VISION_BLOCK} and "
+                         f"{MAX_VIDEO_SIDE} (the vision encoder works in {VISION_BLOCK} px blocks)")
+    if not 0 <= s.video_window_s <= 600:
+        raise ValueError("video_window_s must be between 0 (video ignored) and 600 seconds")
     t = s.turn
     if not 0.0 < t.vad_threshold < 1.0:
         raise ValueError("vad_threshold must be between 0 and 1")
@@ -159,6 +172,12 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-speech-ms", type=int, help=f"shorter speech is ignored (default {t.min_speech_ms})")
     p.add_argument("--barge-in-ms", type=int, help=f"caller speech that interrupts an answer ({t.barge_in_ms})")
     p.add_argument("--peer-timeout-s", type=float, help=f"end a call after this long without audio ({d.peer_timeout_s})")
+    p.add_argument("--video-fps", type=float,
+                   help=f"caller video frames per second given to the model (default {d.video_fps:g})")
+    p.add_argument("--video-max-side", type=int,
+                   help=f"scale video frames to fit in this many pixels, a multiple of 32 (default {d.video_max_side})")
+    p.add_argument("--video-window-s", type=int,
+                   help=f"seconds of caller video kept in the model's context (default {d.video_window_s}; 0: none)")
     p.add_argument("--web-dir", help="folder served at / (default: the project's web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 

@@ -5,6 +5,10 @@ into the engine session (it prefills as it goes); when the turn ends, the engine
 frames go to the outbound track. Every engine call runs on one worker task, in the order it was asked for, so
 audio spoken during an answer (a barge-in) reaches the engine after that answer has been cut.
 
+Audio and video share one media clock: the caller audio received since the call started. Each chunk keeps its
+time on that clock (pre-roll and held speech go in late, at their own times); a sampled video frame is stamped
+with the clock as it comes in and queued on the same worker, so it reaches the engine before any later audio.
+
 Events go out through `send` as JSON-ready dicts named after OpenAI Realtime events.
 """
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from .config import TurnSettings
 from .engine.events import ResponseDone, SpeechFrame, TextDelta
 from .media.outbound import PACKET_S, OutboundAudioTrack, Playout
-from .media.vad import CHUNK_MS, Signal, TurnDetector
+from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,8 @@ log = logging.getLogger(__name__)
 class EngineSession(Protocol):
     """What a conversation needs from rtc_agent.engine's session."""
 
-    async def push_audio(self, samples: np.ndarray) -> None: ...
+    async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None) -> None: ...
+    async def push_image(self, image: np.ndarray, at: float) -> None: ...
     async def abort_turn(self) -> None: ...
     def respond(self) -> AsyncIterator[TextDelta | SpeechFrame | ResponseDone]: ...
     async def cancel(self, frames_played: int) -> None: ...
@@ -45,6 +50,18 @@ class State(str, enum.Enum):
     THINKING = "thinking"  # the turn ended; no answer audio out yet
     SPEAKING = "speaking"
     INTERRUPTED = "interrupted"  # the answer was cut; the engine is winding down
+
+
+@dataclasses.dataclass(frozen=True)
+class Audio:
+    """Caller audio: whole 32 ms chunks, and the media-clock time of their first sample."""
+
+    at_ms: int
+    samples: np.ndarray
+
+    @property
+    def end_ms(self) -> int:
+        return self.at_ms + len(self.samples) // CHUNK_SAMPLES * CHUNK_MS
 
 
 @dataclasses.dataclass
@@ -75,12 +92,14 @@ class Conversation:
         self._vad = vad
         self._on_answer = on_answer
         self._detector = TurnDetector(turn.vad_threshold, turn.silence_ms, turn.min_speech_ms)
-        self._unpushed: collections.deque[np.ndarray] = self._preroll()
-        self._held: list[np.ndarray] = []  # caller speech during an answer, before it counts as a barge-in
+        self._unpushed: collections.deque[Audio] = self._preroll()
+        self._held: list[Audio] = []  # caller speech during an answer, before it counts as a barge-in
         self._in_turn = False
         self._turn_confirmed = False
         self._speech_start_ms = 0
-        self._clock_ms = 0  # audio time since the call started
+        self._clock_ms = 0  # the media clock: audio time since the call started
+        self._image_at_ms = -1  # the latest video frame's time
+        self._image_refused = False  # the engine refused a video frame (said once per call)
         self._answer: Answer | None = None  # the answer being thought or spoken
         self._ids = itertools.count(1)
         self._ops: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -88,17 +107,18 @@ class Conversation:
         self._side_tasks: set[asyncio.Task[None]] = set()
 
     # ---- caller audio -------------------------------------------------------------------------------------
-    def feed(self, chunk: np.ndarray) -> None:
+    def feed(self, samples: np.ndarray) -> None:
         """One 32 ms chunk of caller audio."""
-        p = self._vad(chunk)
+        p = self._vad(samples)
         signal = self._detector.feed(p)
+        chunk = Audio(self._clock_ms, samples)
         self._clock_ms += CHUNK_MS
         if self._answer is not None and self.state != State.INTERRUPTED:
             self._during_answer(chunk, signal)
         else:
             self._listening(chunk, signal)
 
-    def _listening(self, chunk: np.ndarray, signal: Signal | None) -> None:
+    def _listening(self, chunk: Audio, signal: Signal | None) -> None:
         if signal in (Signal.ONSET, Signal.CONFIRMED) and not self._in_turn:
             self._begin_turn([*self._unpushed, chunk])
         elif self._in_turn and (self._detector.active or signal in (Signal.ENDED, Signal.FALSE_START)):
@@ -116,7 +136,7 @@ class Conversation:
             if self.turn.auto:
                 self._end_turn(hangover_ms=self.turn.silence_ms)
 
-    def _during_answer(self, chunk: np.ndarray, signal: Signal | None) -> None:
+    def _during_answer(self, chunk: Audio, signal: Signal | None) -> None:
         if signal is Signal.ONSET or (signal is Signal.CONFIRMED and not self._held):
             self._held = [*self._unpushed, chunk]
             self._unpushed.clear()
@@ -133,7 +153,7 @@ class Conversation:
         elif signal is Signal.FALSE_START:  # a short "mm-hm", a cough or an echo: the answer goes on
             self._held = []
 
-    def _begin_turn(self, chunks: list[np.ndarray], start_ms: int | None = None) -> None:
+    def _begin_turn(self, chunks: list[Audio], start_ms: int | None = None) -> None:
         self._in_turn, self._turn_confirmed = True, False
         self._speech_start_ms = self._clock_ms - CHUNK_MS if start_ms is None else start_ms
         self._unpushed.clear()
@@ -143,9 +163,20 @@ class Conversation:
         self._turn_confirmed = True
         self._emit("input_audio_buffer.speech_started", audio_start_ms=self._speech_start_ms)
 
-    def _push(self, chunks: list[np.ndarray]) -> None:
+    def _push(self, chunks: list[Audio]) -> None:
+        """Chunks received one after the other (a run never has a gap) go to the engine at their own time."""
         if chunks:
-            self._ops.put_nowait(("audio", np.concatenate(chunks)))
+            self._ops.put_nowait(("audio", Audio(chunks[0].at_ms, np.concatenate([c.samples for c in chunks]))))
+
+    # ---- caller video -------------------------------------------------------------------------------------
+    def see(self, image: np.ndarray) -> None:
+        """One sampled caller video frame (RGB uint8 [H, W, 3]), stamped with the media clock now. Audio and
+        video arrive in real time, so they line up within network jitter. A frame with no audio received since
+        the previous one (the first moments of a call) would add nothing new in time: it is dropped."""
+        if self._clock_ms <= self._image_at_ms:
+            return
+        self._image_at_ms = self._clock_ms
+        self._ops.put_nowait(("image", (image, self._clock_ms / 1000)))
 
     def _end_turn(self, hangover_ms: int = 0) -> None:
         now = time.monotonic()
@@ -271,14 +302,17 @@ class Conversation:
             kind, arg = following or await self._ops.get()
             following = None
             try:
-                if kind == "audio":  # whatever audio queued up goes to the engine in one call
-                    parts = [arg]
+                if kind == "audio":  # audio queued up back to back, with no gap, goes to the engine in one call
+                    run = [arg]
                     while following is None and not self._ops.empty():
                         following = self._ops.get_nowait()
-                        if following[0] == "audio":
-                            parts.append(following[1])
+                        if following[0] == "audio" and following[1].at_ms == run[-1].end_ms:
+                            run.append(following[1])
                             following = None
-                    await self.session.push_audio(np.concatenate(parts))
+                    samples = np.concatenate([a.samples for a in run])
+                    await self.session.push_audio(samples, at=run[0].at_ms / 1000)
+                elif kind == "image":
+                    await self._push_image(*arg)
                 elif kind == "abort":
                     await self.session.abort_turn()
                 elif kind == "respond":
@@ -288,6 +322,15 @@ class Conversation:
             except Exception as exc:
                 log.exception("engine call %s failed", kind)
                 self._emit_error("engine_error", str(exc) or type(exc).__name__)
+
+    async def _push_image(self, image: np.ndarray, at: float) -> None:
+        try:
+            await self.session.push_image(image, at)
+        except ValueError as exc:  # the engine refuses the frame: say it once; the call goes on
+            if not self._image_refused:
+                self._image_refused = True
+                log.warning("the engine refused a video frame: %s", exc)
+                self._emit_error("invalid_image", str(exc))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -308,7 +351,7 @@ class Conversation:
         await self.session.close()
 
     # ---- helpers ------------------------------------------------------------------------------------------
-    def _preroll(self) -> collections.deque[np.ndarray]:
+    def _preroll(self) -> collections.deque[Audio]:
         return collections.deque(maxlen=max(1, math.ceil(self.turn.prefix_padding_ms / CHUNK_MS)))
 
     def _set_state(self, state: State) -> None:

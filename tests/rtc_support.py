@@ -62,6 +62,46 @@ def engine() -> Any:
     return Engine.load(EngineOptions(model="tiny", device="cpu", max_answer_tokens=32))
 
 
+class RecordingSession:
+    """A real engine session that also keeps a record of the media the conversation gave it, in order: the
+    tests' window on what was pushed and with which media-clock times. Everything still runs in the engine."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.pushed: list[tuple[str, float | None, tuple[int, ...]]] = []  # (kind, at, shape)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+    @property
+    def images(self) -> list[tuple[float | None, tuple[int, ...]]]:
+        return [(at, shape) for kind, at, shape in self.pushed if kind == "image"]
+
+    async def push_audio(self, samples: np.ndarray, sample_rate: int = 16000, at: float | None = None) -> None:
+        self.pushed.append(("audio", at, samples.shape))
+        await self.session.push_audio(samples, sample_rate, at=at)
+
+    async def push_image(self, image: np.ndarray, at: float) -> None:
+        self.pushed.append(("image", at, image.shape))
+        await self.session.push_image(image, at)
+
+
+class RecordingEngine:
+    """The shared tiny engine, handing out RecordingSessions (for `server(engine_=RecordingEngine())`)."""
+
+    def __init__(self) -> None:
+        self.engine = engine()
+        self.sessions: list[RecordingSession] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def new_session(self, options: Any) -> RecordingSession:
+        session = RecordingSession(self.engine.new_session(options))
+        self.sessions.append(session)
+        return session
+
+
 def settings(**overrides: Any) -> Settings:
     turn = {k: overrides.pop(k) for k in list(overrides) if k in {f.name for f in dataclasses.fields(TurnSettings)}}
     base = build_settings({"ice_host_addresses": LOOPBACK, "max_answer_s": 1.0, "port": 0}, env={})

@@ -16,7 +16,7 @@ from rtc_agent.conversation import Conversation, ConversationError, State
 from rtc_agent.engine import SessionOptions
 from rtc_agent.media.outbound import OutboundAudioTrack
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES
-from rtc_support import engine, run
+from rtc_support import RecordingSession, engine, run
 
 pytestmark = pytest.mark.timeout(120)
 TURN = TurnSettings(silence_ms=10 * CHUNK_MS, min_speech_ms=4 * CHUNK_MS, barge_in_ms=8 * CHUNK_MS,
@@ -37,7 +37,7 @@ async def started(turn: TurnSettings = TURN) -> tuple[Conversation, Script, list
     events: list[dict[str, Any]] = []
     script = Script()
     track = OutboundAudioTrack()
-    session = engine().new_session(SessionOptions(max_frames=6, max_answer_tokens=8))
+    session = RecordingSession(engine().new_session(SessionOptions(max_frames=6, max_answer_tokens=8)))
     conv = Conversation(session, track, events.append, script, turn)
 
     async def play() -> None:  # what aiortc's sender does: ask for packets forever
@@ -117,6 +117,87 @@ def test_push_to_talk_waits_for_commit_and_short_sounds_do_not_barge_in() -> Non
             done = (await until(events, "response.done"))["response"]
             assert done["status"] == "completed"
             assert kinds(events).count("input_audio_buffer.speech_started") == 1
+        finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())
+
+
+def audio_runs(pushed: list[tuple[str, float | None, tuple[int, ...]]]) -> list[tuple[float, float]]:
+    """The audio pushes as (start, end) on the media clock, back-to-back pushes joined."""
+    runs: list[tuple[float, float]] = []
+    for kind, at, shape in pushed:
+        if kind == "audio":
+            assert at is not None
+            end = at + shape[0] / 16000
+            if runs and at == pytest.approx(runs[-1][1]):
+                runs[-1] = (runs[-1][0], end)
+            else:
+                runs.append((at, end))
+    return runs
+
+
+def test_video_frames_and_audio_reach_the_engine_in_order_at_their_media_clock_times() -> None:
+    async def main() -> None:
+        conv, script, events, player = await started()
+        image = np.zeros((64, 96, 3), np.uint8)
+        try:
+            conv.see(image)  # t = 0
+            conv.see(image)  # no audio since: nothing new in time, dropped
+            await feed(conv, script, 0.1, 10)
+            conv.see(image)  # 0.32 s, before the pre-roll audio (from 0.224 s) goes in: the order they came in
+            await feed(conv, script, 0.9, 5)  # speech from chunk 10: 3 chunks of pre-roll go with it
+            conv.see(image)  # 0.48 s, in the middle of the turn's audio
+            await feed(conv, script, 0.9, 5)
+            await feed(conv, script, 0.1, 12)  # the turn ends after 10 chunks of silence (0.96 s)
+            await until(events, "response.created")
+            while conv.state != State.SPEAKING:
+                await asyncio.sleep(0.01)
+            conv.see(image)  # 1.024 s, during the answer: queued, goes in after it
+            await feed(conv, script, 0.1, 2)
+            await feed(conv, script, 0.9, 8)  # a barge-in from chunk 34, with its pre-roll from chunk 31
+            await feed(conv, script, 0.1, 12)
+            await until(events, "response.done")
+            while len([e for e in events if e["type"] == "response.done"]) < 2:
+                await asyncio.sleep(0.02)
+
+            pushed = conv.session.pushed
+            assert [at for at, _ in conv.session.images] == pytest.approx([0.0, 0.32, 0.48, 1.024])
+            assert {shape for _, shape in conv.session.images} == {(64, 96, 3)}
+            runs = audio_runs(pushed)
+            assert runs == [pytest.approx((0.224, 0.96)), pytest.approx((0.992, 1.664))]
+            order = [(kind, at) for kind, at, _ in pushed]
+            middle = order.index(("image", pytest.approx(0.48)))
+            assert order[middle - 1][0] == order[middle + 1][0] == "audio"
+            before, after = pushed[middle - 1], pushed[middle + 1]
+            assert before[1] + before[2][0] / 16000 == pytest.approx(0.48) == after[1]
+            assert order.index(("image", pytest.approx(1.024))) < order.index(("audio", pytest.approx(0.992)))
+            stats = conv.session.video_stats()
+            assert stats["frames_received"] == 4 and stats["last_at"] == pytest.approx(1.024)
+            assert not [e for e in events if e["type"] == "error"]
+        finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())
+
+
+def test_a_frame_the_engine_refuses_is_one_error_event_and_the_call_goes_on() -> None:
+    async def main() -> None:
+        conv, script, events, player = await started()
+        try:
+            for _ in range(3):
+                conv.see(np.zeros((48, 64), np.uint8))  # not RGB
+                await feed(conv, script, 0.1, 2)
+            error = await until(events, "error")
+            assert error["error"]["code"] == "invalid_image"
+            conv.see(np.zeros((64, 64, 3), np.uint8))
+            await feed(conv, script, 0.9, 10)
+            await feed(conv, script, 0.1, 12)
+            assert (await until(events, "response.done"))["response"]["status"] == "completed"
+            assert len([e for e in events if e["type"] == "error"]) == 1
+            assert conv.session.video_stats()["frames_received"] == 1
         finally:
             player.cancel()
             await conv.close()

@@ -1,7 +1,8 @@
 """The media pieces on their own: turn detection, VAD on espeak speech, receive buffer, downmix, Opus out, pacing,
-the wire protocol and settings. Fast; no network."""
+video sampling and scaling, the wire protocol and settings. Fast; no network."""
 from __future__ import annotations
 
+import asyncio
 import fractions
 import time
 
@@ -10,11 +11,14 @@ import numpy as np
 import pytest
 from aiortc.rtp import RtpPacket
 
-from rtc_agent.config import TurnSettings, build_settings
+from rtc_agent.cli import parser
+from rtc_agent.client.camera import SyntheticCamera
+from rtc_agent.config import TurnSettings, build_settings, settings_from_args
 from rtc_agent.media.ice import parse_ice_server
 from rtc_agent.media.inbound import Chunker, Downmixer, InOrderAudioBuffer
 from rtc_agent.media.outbound import FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder, OutboundAudioTrack
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, SpeechProbability, TurnDetector
+from rtc_agent.media.video import FrameGrid, model_size, sample_video
 from rtc_agent.server.protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, parse_client_message,
                                        parse_offer)
 from rtc_support import needs_espeak, run, speech
@@ -150,6 +154,86 @@ def test_outbound_track_paces_packets_plays_answers_and_drops_them_on_interrupt(
     run(main())
 
 
+# ---- video in ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size, max_side, expected", [
+    ((640, 480), 384, (384, 288)),  # 4:3: (384/32) x (288/32) = 108 Thinker tokens a second at 2 fps
+    ((1280, 720), 384, (384, 224)),  # 16:9: 384 x 216 rounds to 224: 84 tokens a second
+    ((1920, 1080), 384, (384, 224)),
+    ((480, 640), 384, (288, 384)),  # portrait
+    ((641, 479), 384, (384, 288)),  # odd sizes
+    ((1366, 767), 384, (384, 224)),
+    ((320, 240), 384, (320, 256)),  # smaller than max_side: not scaled, only rounded to whole blocks
+    ((100, 50), 384, (96, 64)),
+    ((16, 16), 384, (32, 32)),  # tiny: at least one block
+    ((1, 1), 384, (32, 32)),
+    ((3000, 20), 384, (384, 32)),  # a sliver
+    ((1920, 1080), 1280, (1280, 736)),
+    ((1280, 720), 32, (32, 32)),
+])
+def test_model_size_fits_the_box_in_whole_vision_blocks(size: tuple[int, int], max_side: int,
+                                                       expected: tuple[int, int]) -> None:
+    assert model_size(*size, max_side) == expected
+
+
+def test_model_size_for_every_shape() -> None:
+    for width in range(1, 2000, 37):
+        for height in range(1, 2000, 41):
+            w, h = model_size(width, height, 384)
+            assert w % 32 == 0 and h % 32 == 0 and 32 <= min(w, h) and max(w, h) <= 384, (width, height)
+            scale = min(1.0, 384 / max(width, height))  # the aspect ratio holds within half a block per side
+            for side, pixels in ((w, width), (h, height)):
+                assert abs(side - pixels * scale) <= 16 or side == 32, (width, height)
+
+
+def kept(grid: FrameGrid, times: list[float]) -> list[float]:
+    return [t for t in times if grid.keep(t)]
+
+
+def test_frame_grid_keeps_2_fps_of_any_faster_source_on_a_steady_grid() -> None:
+    for source_fps in (7.5, 15, 24, 30, 60):
+        times = [i / source_fps for i in range(int(30 * source_fps))]  # 30 s
+        got = kept(FrameGrid(2.0), times)
+        assert 59 <= len(got) <= 61, source_fps
+        assert min(np.diff(got)) >= 0.375 - 1e-9 and max(np.diff(got)) <= 0.625 + 1 / source_fps, source_fps
+    assert len(kept(FrameGrid(5.0), [i / 30 for i in range(300)])) in (50, 51)
+
+
+def test_frame_grid_keeps_every_frame_of_a_jittery_2_fps_sender_and_restarts_after_a_pause() -> None:
+    jitter = np.random.default_rng(1).uniform(-0.1, 0.1, 40)
+    times = [0.5 * i + j for i, j in enumerate(jitter)]
+    assert kept(FrameGrid(2.0), times) == times
+    grid = FrameGrid(2.0)
+    before = kept(grid, [i / 30 for i in range(60)])  # 2 s of video, then none for 8 s (video off)
+    after = kept(grid, [10 + i / 30 for i in range(60)])
+    # from the first frame after the pause on, as from the first frame of all: no burst of the missed ticks
+    assert np.allclose(np.array(after) - 10, before) and len(before) in (4, 5)
+
+
+def test_sampler_hands_on_rgb_frames_of_the_model_size() -> None:
+    async def sample(width: int, height: int) -> tuple[list[np.ndarray], int]:
+        camera, images, frames = SyntheticCamera(width, height, fps=30), [], []
+        task = asyncio.ensure_future(sample_video(camera, images.append, fps=4.0, max_side=384,
+                                                  on_frame=lambda: frames.append(1)))
+        await asyncio.sleep(0.6)
+        camera.stop()  # the track ends: the sampler returns
+        await asyncio.wait_for(task, 5)
+        return images, len(frames)
+
+    async def main() -> None:
+        sizes = [(640, 480), (1280, 720), (641, 479), (17, 9)]
+        results = await asyncio.gather(*(sample(w, h) for w, h in sizes))
+        for (width, height), (images, frames) in zip(sizes, results):
+            assert 2 <= len(images) <= 4 and frames > 2 * len(images), (width, height, len(images), frames)
+            w, h = model_size(width, height, 384)
+            for image in images:
+                assert image.shape == (h, w, 3) and image.dtype == np.uint8
+            assert not np.array_equal(images[0], images[1])  # the camera's pattern moves
+
+    run(main())
+
+
 # ---- protocol and settings ------------------------------------------------------------------------------------
 
 
@@ -183,6 +267,17 @@ def test_settings_precedence_and_ice_servers(tmp_path) -> None:
         build_settings({"voice": "bob"}, env={})
     with pytest.raises(ValueError):
         build_settings({"cert": "c.pem"}, env={})
+    video = build_settings({"video_max_side": 640}, env={"RTC_AGENT_VIDEO_FPS": "1.5"})
+    assert (video.video_fps, video.video_max_side) == (1.5, 640)
+    args = parser().parse_args(["serve", "--video-fps", "4", "--video-max-side", "448", "--video-window-s", "60"])
+    from_args = settings_from_args(args)
+    assert (from_args.video_fps, from_args.video_max_side, from_args.video_window_s) == (4.0, 448, 60)
+    for bad, message in [({"video_max_side": 400}, "multiple of 32"), ({"video_max_side": 0}, "multiple of 32"),
+                         ({"video_max_side": 4096}, "between 32 and 1280"), ({"video_fps": 0}, "video_fps"),
+                         ({"video_fps": 30}, "video_fps"), ({"video_window_s": -1}, "video_window_s"),
+                         ({"video_window_s": 601}, "video_window_s")]:
+        with pytest.raises(ValueError, match=message):
+            build_settings(bad, env={})
     turn = parse_ice_server("turn:alice:pw@turn.example.com:3478?transport=udp")
     assert (turn.urls, turn.username, turn.credential) == ("turn:turn.example.com:3478?transport=udp", "alice", "pw")
     assert parse_ice_server("stun:stun.example.com:3478").username is None

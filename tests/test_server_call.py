@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 from aiortc.mediastreams import VideoStreamTrack
 
+from rtc_agent.client.camera import SyntheticCamera
 from rtc_agent.client.microphone import Microphone
 from rtc_agent.client.peer import Call
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import caller, metric, metrics_text, needs_espeak, run, say, server, wait_ready
+from rtc_support import (RecordingEngine, caller, metric, metrics_text, needs_espeak, run, say, server,
+                         wait_ready)
 
 pytestmark = [needs_espeak, pytest.mark.timeout(180)]
 
@@ -143,9 +145,11 @@ def test_push_to_talk_commit_and_bad_messages() -> None:
     run(main())
 
 
-def test_metrics_move_with_a_call() -> None:
+def test_metrics_move_with_a_call_and_an_audio_only_call_pays_nothing_for_video() -> None:
     async def main() -> None:
-        async with server() as (url, _):
+        recorder = RecordingEngine()
+        async with server(engine_=recorder) as (url, _):
+            await wait_ready(url)  # (the shared engine is warmed up by the first server of the run)
             before = await metrics_text(url)
             for name in ("audio_first_packet_latency_ms_bucket", "gpu_memory_peak_gb", "drop_audio_frame_ratio",
                          "rtc_agent_active_sessions", "rtc_agent_turns_total", "rtc_agent_ready"):
@@ -162,6 +166,10 @@ def test_metrics_move_with_a_call() -> None:
             assert metric(after, "rtc_agent_sessions_total") == 1.0
             assert metric(after, "rtc_agent_active_sessions") == 0.0
             assert 'rtc_agent_engine_step_ms_count{metric="ttfp_ms"}' in after
+            assert metric(after, "rtc_agent_video_frames_received_total") == 0.0  # no video track: no sampler
+            assert metric(after, "rtc_agent_video_frames_sampled_total") == 0.0
+            [session] = recorder.sessions
+            assert session.images == [] and session.pushed  # the audio went in, no image was ever pushed
 
     run(main())
 
@@ -189,5 +197,67 @@ def test_two_calls_at_once_each_get_their_own_answer_and_video_is_sampled_at_2_f
                 assert 2.0 * elapsed - 3 <= sampled <= 2.0 * elapsed + 1, (sampled, elapsed)
             finally:
                 await video_call.hang_up()
+
+    run(main())
+
+
+async def video_call(url: str, camera: SyntheticCamera) -> Call:
+    await wait_ready(url)
+    call = Call(url)
+    await call.connect(Microphone(), camera)  # the microphone sends silence: the media clock runs
+    return call
+
+
+def test_camera_frames_reach_the_engine_at_2_fps_scaled_and_stamped_with_the_media_clock() -> None:
+    async def main() -> None:
+        recorder = RecordingEngine()
+        async with server(engine_=recorder) as (url, _):
+            call = await video_call(url, SyntheticCamera(640, 480, fps=20))
+            try:
+                await asyncio.sleep(3.0)
+                [session] = recorder.sessions
+                images, stats = list(session.images), session.video_stats()
+                text = await metrics_text(url)
+            finally:
+                await call.hang_up()
+        assert 4 <= len(images) <= 8, images
+        assert {shape for _, shape in images} == {(288, 384, 3)}  # 640x480 fits 384x384 as 384x288
+        gaps = np.diff([at for at, _ in images])
+        assert all(0.3 <= gap <= 0.8 for gap in gaps), gaps  # the media clock moves with the video
+        assert stats["frames_received"] >= len(images) - 1  # (the latest may still be on its way in)
+        received = metric(text, "rtc_agent_video_frames_received_total")
+        sampled = metric(text, "rtc_agent_video_frames_sampled_total")
+        assert sampled >= len(images) and received > 3 * sampled, (received, sampled)
+
+    run(main())
+
+
+def test_video_off_and_on_mid_call_without_renegotiation() -> None:
+    async def main() -> None:
+        recorder = RecordingEngine()
+        async with server(engine_=recorder) as (url, _):
+            camera = SyntheticCamera(640, 360, fps=15)
+            call = await video_call(url, camera)
+            try:
+                [sender] = [s for s in call.pc.getSenders() if s.track is camera]
+                [session] = recorder.sessions
+                await asyncio.sleep(2.0)
+                assert len(session.images) >= 2
+                sender.replaceTrack(None)  # video off (the page's camera and screen buttons do this)
+                await asyncio.sleep(0.5)  # what was on its way arrives
+                received = "rtc_agent_video_frames_received_total"
+                off, received_off = len(session.images), metric(await metrics_text(url), received)
+                await asyncio.sleep(2.0)
+                assert len(session.images) == off
+                assert metric(await metrics_text(url), received) == received_off
+                sender.replaceTrack(camera)  # on again
+                await asyncio.sleep(2.0)
+                assert len(session.images) >= off + 2
+                assert call.pc.signalingState == "stable" and len(recorder.sessions) == 1
+                ats = [at for at, _ in session.images]
+                assert ats == sorted(ats) and ats[off] - ats[off - 1] > 2.0  # the pause shows on the clock
+                assert {shape for _, shape in session.images} == {(224, 384, 3)}
+            finally:
+                await call.hang_up()
 
     run(main())

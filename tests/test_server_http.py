@@ -105,6 +105,7 @@ def test_token_is_required_when_set() -> None:
                 async with http.get(f"{url}/api/config", headers={"Authorization": "Bearer s3cret"}) as r:
                     config = await r.json()
                     assert config["token_required"] and "ethan" in config["voices"]
+                    assert config["video"] == {"fps": 2.0, "max_side": 384}  # the page sends video at this rate
             with pytest.raises(CallError) as refused:
                 async with caller(url, token="wrong"):
                     pass

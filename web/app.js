@@ -362,6 +362,7 @@ class App {
       micTrack: this.micTrack,
       micStream: this.micStream,
       video: this.video,
+      videoLimits: cfg.video || undefined,
     });
     this.call = call;
     call.addEventListener("message", (e) => this.onEvent(e.detail));

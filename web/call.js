@@ -1,8 +1,12 @@
 // One WebRTC call to the rtc-agent server: signaling (POST api/offer, DELETE api/sessions/{id}), the `events`
-// data channel, the outgoing 2 fps video, and liveness. Knows nothing about the page's markup.
+// data channel, the outgoing low-rate video, and liveness. Knows nothing about the page's markup.
 
-export const VIDEO_FPS = 2;
-export const VIDEO_MAX_SIDE = 640; // what goes out; the server keeps 448 px at most
+// What the server gives the model (GET api/config "video" overrides it): frames per second, longest side.
+const VIDEO_DEFAULTS = { fps: 2, max_side: 384 };
+// Video goes out at the server's rate but with some more pixels than it keeps, so that the codec's artifacts
+// shrink away when the server scales the frame down.
+const VIDEO_SEND_MIN_SIDE = 640;
+const VIDEO_BITRATE_AT_MIN_SIDE = 250_000;
 const ICE_GATHER_TIMEOUT_MS = 2500;
 const CONNECT_TIMEOUT_MS = 15000;
 const SILENT_PEER_MS = 4000; // the server sends a packet every 80 ms, silence included
@@ -64,7 +68,8 @@ function waitIceGathering(pc, timeoutMs) {
  *   message [server JSON]   state ["connecting"|"connected"|"lost"|"closed"]   remotestream [MediaStream]
  */
 export class Call extends EventTarget {
-  constructor({ token = "", voice, instructions, micTrack, micStream, video = false, iceServers = [] }) {
+  constructor({ token = "", voice, instructions, micTrack, micStream, video = false, videoLimits = VIDEO_DEFAULTS,
+                iceServers = [] }) {
     super();
     this.token = token;
     this.voice = voice;
@@ -72,6 +77,7 @@ export class Call extends EventTarget {
     this.micTrack = micTrack;
     this.micStream = micStream;
     this.wantsVideo = video;
+    this.videoLimits = videoLimits;
     this.iceServers = iceServers;
     this.sessionId = null;
     this.pc = null;
@@ -209,7 +215,7 @@ export class Call extends EventTarget {
     if (this.audioSender) await this.audioSender.replaceTrack(track);
   }
 
-  /** Sends `track` (camera or screen; null stops video) at VIDEO_FPS, scaled down to VIDEO_MAX_SIDE. */
+  /** Sends `track` (camera or screen; null stops video) at the server's frame rate, scaled down. */
   async setVideoTrack(track) {
     if (!this.videoSender) return false;
     await this.videoSender.replaceTrack(track);
@@ -218,14 +224,14 @@ export class Call extends EventTarget {
   }
 
   async _limitVideo(track) {
-    const { width = VIDEO_MAX_SIDE, height = VIDEO_MAX_SIDE } = track.getSettings();
-    const scale = Math.max(1, Math.max(width, height) / VIDEO_MAX_SIDE);
+    const side = Math.max(VIDEO_SEND_MIN_SIDE, this.videoLimits.max_side);
+    const { width = side, height = side } = track.getSettings();
     const params = this.videoSender.getParameters();
     if (!params.encodings?.length) params.encodings = [{}];
     Object.assign(params.encodings[0], {
-      maxFramerate: VIDEO_FPS,
-      scaleResolutionDownBy: scale,
-      maxBitrate: 250_000,
+      maxFramerate: this.videoLimits.fps,
+      scaleResolutionDownBy: Math.max(1, Math.max(width, height) / side),
+      maxBitrate: Math.round(VIDEO_BITRATE_AT_MIN_SIDE * (side / VIDEO_SEND_MIN_SIDE) ** 2),
     });
     params.degradationPreference = "maintain-resolution";
     try {

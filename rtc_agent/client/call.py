@@ -11,9 +11,9 @@ import wave
 from typing import Any
 
 import numpy as np
-from aiortc.mediastreams import VideoStreamTrack
 
 from ..media.ice import use_host_addresses
+from .camera import SyntheticCamera
 from .microphone import RATE, Microphone, load_audio, speech_spans
 from .peer import RECORD_RATE, Call
 
@@ -35,7 +35,7 @@ async def run_call(url: str, wav: str, *, video: bool = False, record: str | Non
                 verify_tls=verify_tls)
     started = time.monotonic()
     try:
-        await call.connect(mic, VideoStreamTrack() if video else None)
+        await call.connect(mic, SyntheticCamera() if video else None)
         connected_ms = (time.monotonic() - started) * 1000
         mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))
         offset = mic.play(samples)

@@ -1,4 +1,4 @@
-"""Caller video in: keep about 2 frames per second, small, for the model (which sees no more than that)."""
+"""Caller video in: keep `fps` frames a second, scaled for the model's vision encoder (README: Video)."""
 from __future__ import annotations
 
 import time
@@ -9,27 +9,50 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-FPS = 2.0
-MAX_SIDE = 448
+from ..config import VISION_BLOCK
 
 
-def downscale(width: int, height: int, max_side: int = MAX_SIDE) -> tuple[int, int]:
-    """The size that fits in max_side x max_side, keeping the aspect ratio and even dimensions."""
+def model_size(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """The size a width x height frame is given to the model at: scaled down (never up) to fit in
+    max_side x max_side keeping the aspect ratio, then each side rounded to the nearest multiple of VISION_BLOCK
+    (at least one block), so that the engine has nothing left to resize. max_side is a multiple of VISION_BLOCK."""
     scale = min(1.0, max_side / max(width, height))
-    return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
+
+    def side(pixels: int) -> int:
+        return max(1, int(pixels * scale / VISION_BLOCK + 0.5)) * VISION_BLOCK
+
+    return side(width), side(height)
 
 
-async def sample_video(track: MediaStreamTrack, on_image: Callable[[np.ndarray], None], fps: float = FPS) -> None:
-    """Reads every frame (aiortc queues what is not read) and hands on an RGB array `fps` times a second."""
-    period, due = 1.0 / fps, 0.0
+class FrameGrid:
+    """Which arriving frames to keep for `fps` frames a second: the first frame from a quarter period before each
+    tick of a steady grid on (so that a sender at just `fps`, whose frames jitter around the ticks, keeps them all).
+    After a pause (video off, a stalled network) the grid starts again from the next frame: no catch-up burst."""
+
+    def __init__(self, fps: float) -> None:
+        self.period = 1.0 / fps
+        self._due = float("-inf")
+
+    def keep(self, now: float) -> bool:
+        if now < self._due - self.period / 4:
+            return False
+        self._due = self._due + self.period if now - self._due < self.period else now + self.period
+        return True
+
+
+async def sample_video(track: MediaStreamTrack, on_image: Callable[[np.ndarray], None], fps: float, max_side: int,
+                       on_frame: Callable[[], None] = lambda: None) -> None:
+    """Reads every frame of `track` (aiortc queues what is not read; `on_frame` counts them) and hands `fps` of
+    them a second to `on_image` as RGB uint8 [H, W, 3] at model_size. Returns when the track ends."""
+    grid = FrameGrid(fps)
     while True:
         try:
             frame = await track.recv()
         except MediaStreamError:
             return
-        now = time.monotonic()
-        if not isinstance(frame, av.VideoFrame) or now < due:
+        if not isinstance(frame, av.VideoFrame):
             continue
-        due = due + period if now - due < period else now + period  # on a steady grid, no catch-up bursts
-        width, height = downscale(frame.width, frame.height)
-        on_image(frame.to_ndarray(width=width, height=height, format="rgb24"))
+        on_frame()
+        if grid.keep(time.monotonic()):
+            width, height = model_size(frame.width, frame.height, max_side)
+            on_image(frame.to_ndarray(width=width, height=height, format="rgb24", interpolation="AREA"))

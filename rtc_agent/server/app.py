@@ -60,7 +60,8 @@ async def _load_engine(state: ServerState) -> None:
             from ..engine import Engine, EngineOptions
 
             log.info("loading model %s (device %s)...", s.model, s.device)
-            state.engine = await asyncio.to_thread(Engine.load, EngineOptions(model=s.model, device=s.device))
+            state.engine = await asyncio.to_thread(Engine.load, EngineOptions(model=s.model, device=s.device,
+                                                                                   video_window_s=s.video_window_s))
         state.metrics.watch_gpu(state.engine.gpu_peak_gb)
         if not state.engine.ready:
             log.info("warming up...")
@@ -118,6 +119,7 @@ async def client_config(request: web.Request) -> web.Response:
         "instructions": s.instructions,
         "turn_detection": turn_description(s.turn),
         "token_required": bool(s.token),
+        "video": {"fps": s.video_fps, "max_side": s.video_max_side},
     })
 
 

@@ -25,7 +25,10 @@ class Metrics:
         self.frames = Counter("rtc_agent_output_frames", "Answer frames by outcome", ["outcome"], registry=r)
         self.engine_ms = Histogram("rtc_agent_engine_step_ms", "Engine timings reported per answer",
                                    ["metric"], buckets=STEP_BUCKETS_MS, registry=r)
-        self.video_frames = Counter("rtc_agent_video_frames_sampled", "Caller video frames kept (2 fps)", registry=r)
+        self.video_frames_received = Counter("rtc_agent_video_frames_received",
+                                             "Caller video frames received (every frame the caller sends)", registry=r)
+        self.video_frames_sampled = Counter("rtc_agent_video_frames_sampled",
+                                            "Caller video frames kept for the model (video_fps a second)", registry=r)
         self.ready = Gauge("rtc_agent_ready", "1 once the model is loaded and warmed up", registry=r)
         self._made = self._late = 0
 

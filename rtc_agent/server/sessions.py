@@ -8,6 +8,7 @@ import secrets
 import time
 from typing import Any, Awaitable, Callable
 
+import numpy as np
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from ..config import Settings
@@ -67,7 +68,6 @@ class CallSession:
         self.started_at = time.monotonic()
         self.events = EventChannel()
         self.track = OutboundAudioTrack()
-        self.latest_image = None  # the newest 2 fps video frame (RGB), for when the engine takes video
         self.first_packet_ms: list[float] = []
         self._describe = describe
         self._on_closed = on_closed
@@ -88,8 +88,10 @@ class CallSession:
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
             self._spawn(self._listen(track), "audio-in")
-        elif track.kind == "video":
-            self._spawn(sample_video(track, self._on_image), "video-in")
+        elif track.kind == "video":  # only when the offer sends video; it may come and go (replaceTrack)
+            s = self.settings
+            self._spawn(sample_video(track, self._on_image, s.video_fps, s.video_max_side,
+                                     on_frame=self.metrics.video_frames_received.inc), "video-in")
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
@@ -98,9 +100,9 @@ class CallSession:
         elif state == "failed":
             self.close("peer gone (connection failed)")
 
-    def _on_image(self, image: Any) -> None:
-        self.latest_image = image
-        self.metrics.video_frames.inc()
+    def _on_image(self, image: np.ndarray) -> None:
+        self.metrics.video_frames_sampled.inc()
+        self.conversation.see(image)
 
     async def _listen(self, track: MediaStreamTrack) -> None:
         chunks = audio_chunks(track, CHUNK_SAMPLES, self.settings.peer_timeout_s, FIRST_AUDIO_TIMEOUT_S)

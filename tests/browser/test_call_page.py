@@ -107,10 +107,11 @@ def test_video_reaches_the_server_at_2_fps(new_page: Callable[..., Any], server:
 
     page.get_by_role("button", name="Camera", exact=True).click()  # camera off: no more frames
     time.sleep(1.5)
-    m2, v2 = server.metric(name), video_out(page)
+    received = "rtc_agent_video_frames_received_total"
+    m2, v2, r2 = server.metric(name), video_out(page), server.metric(received)
     time.sleep(3)
     assert video_out(page)["frames"] == v2["frames"]
-    assert server.metric(name) - m2 <= 1
+    assert server.metric(name) - m2 <= 1 and server.metric(received) - r2 <= 1
 
     page.get_by_role("button", name="Share screen").click()  # screen share: frames again, same limits
     wait(page, "rtcAgent.screenTrack && document.querySelector('#screen-btn').getAttribute('aria-pressed') === 'true'", 10)
