@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import audio_input
+from . import attention, audio_input, moe
 from .engine import Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import EngineOptions, SessionOptions
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-frames", type=int, default=40)
     parser.add_argument("--prefill-chunk-s", type=float, default=1.0)
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps (to measure the graphs)")
+    parser.add_argument("--no-fast-moe", action="store_true", help="the library's MoE path in decode too (moe.py)")
+    parser.add_argument("--no-fast-attention", action="store_true",
+                        help="the library's SDPA in decode too (attention.py)")
+    parser.add_argument("--video-s", type=float, default=0.0,
+                        help="seconds of 2 fps camera before each question (the camera stays on while it is asked)")
+    parser.add_argument("--video-size", default="384x288", help="camera frame size, WIDTHxHEIGHT")
     parser.add_argument("--compare-stock", action="store_true", help="also time stock generate on the same turn")
     parser.add_argument("--stock-runs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -53,6 +60,17 @@ def _caller_turn(seconds: float, seed: int) -> np.ndarray:
     return (0.2 * tone + 0.02 * rng.standard_normal(t.size)).astype(np.float32)
 
 
+def _camera(seconds: float, width: int, height: int, start: float, seed: int) -> list[tuple[float, np.ndarray]]:
+    """2 fps frames that change every time (a drifting gradient with noise), stamped from `start`."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    frames = []
+    for n in range(int(seconds * 2)):
+        image = np.stack([(x + 7 * n) % 256, (y + 11 * n) % 256, (x + y + 13 * n) % 256], axis=-1)
+        frames.append((start + 0.5 * n, np.clip(image + rng.integers(-16, 16, image.shape), 0, 255).astype(np.uint8)))
+    return frames
+
+
 def _system_prompt(tokenizer, count: int) -> str:
     words = ("You are a helpful assistant on a live voice call. Keep answers short, warm and clear. " * 200).split(" ")
     text = ""
@@ -71,9 +89,15 @@ def _log(args, message: str) -> None:
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
+    width, height = (int(side) for side in args.video_size.split("x"))
+    window = math.ceil(args.video_s + args.turn_s) if args.video_s else 0
+    video_tokens = window * (round(width / 32) * round(height / 32) + 13)  # a second of video with its audio
     engine = Engine.load(EngineOptions(model=args.model, device=args.device, prefill_chunk_s=args.prefill_chunk_s,
                                        max_answer_tokens=max(args.answer_tokens, 16),
-                                       max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs))
+                                       max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs,
+                                       fast_moe=not args.no_fast_moe, fast_attention=not args.no_fast_attention,
+                                       video_window_s=window,
+                                       context_tokens=max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
     loaded = time.perf_counter()
     await engine.warmup()
     ready = time.perf_counter()
@@ -82,10 +106,18 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     session = engine.new_session(SessionOptions(instructions=instructions, seed=0, max_answer_tokens=args.answer_tokens,
                                                 max_frames=args.answer_frames))
     ttfp, frame_ms, busy_s, audio_s = [], [], 0.0, 0.0
+    clock = 0.0  # the session's media clock
     for turn in range(args.turns):
         audio = _caller_turn(args.turn_s, seed=turn)
+        frames = _camera(args.video_s + args.turn_s, width, height, clock, seed=turn) if args.video_s else []
+        question_at = clock + args.video_s
         for start in range(0, len(audio), 320):  # 20 ms pieces, as the call server pushes them
-            await session.push_audio(audio[start:start + 320])
+            now = question_at + start / INPUT_SAMPLE_RATE
+            while frames and frames[0][0] <= now:
+                await session.push_image(frames[0][1], frames[0][0])
+                frames.pop(0)
+            await session.push_audio(audio[start:start + 320], at=now)
+        clock = question_at + args.turn_s + 30.0
         turn_started = time.perf_counter()
         frames = 0
         async for event in session.respond():
@@ -98,14 +130,21 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         audio_s += frames * FRAME_S
         _log(args, f"turn {turn}: ttfp {ttfp[-1]:.1f} ms, {frames} frames")
     stages = await engine.run(_stage_times, session._conversation) if engine.speech else {}
+    video = session.video_stats()
     await session.close()
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
         "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
-        "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "ttfp_ms": _percentiles(ttfp), "frame_ms": _percentiles(frame_ms),
+        "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
+        "fast_attention": attention.active(engine.model), "ttfp_ms": _percentiles(ttfp), "frame_ms": _percentiles(frame_ms),
         "rtf": round(busy_s / audio_s, 3) if audio_s else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,
     }
+    if args.video_s:
+        result["video"] = {"camera_s_before_question": args.video_s, "size": args.video_size, "window_s": window,
+                           "context_tokens": engine.options.context_tokens,
+                           "seconds_in_context": video["seconds_in_context"],
+                           "tokens_in_context": video["tokens_in_context"]}
     if args.compare_stock:
         result["stock"] = _bench_stock(engine, instructions, args)
         result["ttfp_speedup"] = round(result["stock"]["ttfp_ms"]["p50"] / result["ttfp_ms"]["p50"], 1)
@@ -159,7 +198,7 @@ def _bench_stock(engine: Engine, instructions: str, args) -> dict[str, Any]:
     for _ in range(args.stock_runs + 1):  # the first run warms up and is not counted
         _sync(engine)
         began = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), moe.library_path(engine.model), attention.library_attention(engine.model):
             _, wav = engine.model.generate(**inputs, return_audio=True, thinker_max_new_tokens=args.answer_tokens,
                                            talker_max_new_tokens=args.answer_frames + 1, thinker_do_sample=True)
         _sync(engine)

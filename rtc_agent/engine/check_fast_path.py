@@ -1,4 +1,5 @@
-"""Checks that the CUDA-graphed decode path makes the same greedy answer as the eager path on one loaded model.
+"""Checks that the fast decode path (CUDA graphs, single-token MoE kernels) makes the same greedy answer as the
+eager path (layers one by one, the library's MoE) on one loaded model.
 
     python -m rtc_agent.engine.check_fast_path --model synthetic:30b-a3b --tokens 32 --frames 16
 
@@ -46,14 +47,19 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--frames", type=int, default=16)
+    parser.add_argument("--eager-kernels", choices=("library", "fast"), default="library",
+                        help="MoE and decode attention of the eager reference (fast: compares graphs alone)")
+    parser.add_argument("--fast-kernels", choices=("fast", "library"), default="fast",
+                        help="MoE and decode attention of the graphed run (library: compares graphs alone)")
     args = parser.parse_args()
     loaded = load(args.model, args.device)
     t = np.arange(32000) / 16000
     audio = (0.2 * np.sin(2 * np.pi * 150 * t)).astype(np.float32)
     options = dict(model=args.model, prefill_chunk_s=0, max_answer_tokens=args.tokens, max_frames=args.frames)
     results = {}
-    for name, graphs in (("eager", False), ("graphs", True)):
-        engine = Engine(loaded, EngineOptions(cuda_graphs=graphs, **options))
+    for name, graphs, kernels in (("eager", False, args.eager_kernels), ("graphs", True, args.fast_kernels)):
+        fast = kernels == "fast"
+        engine = Engine(loaded, EngineOptions(cuda_graphs=graphs, fast_moe=fast, fast_attention=fast, **options))
         results[name] = asyncio.run(_answer(engine, audio, args.tokens, args.frames))
     (eager_tokens, eager_codes), (fast_tokens, fast_codes) = results["eager"], results["graphs"]
     report = {
@@ -61,7 +67,13 @@ def main() -> int:
         "first_token_difference": _first_difference(eager_tokens, fast_tokens),
         "first_frame_difference": _first_difference(eager_codes, fast_codes),
         "tokens_equal": eager_tokens == fast_tokens, "frames_equal": eager_codes == fast_codes,
+        "kernels": {"eager": args.eager_kernels, "graphs": args.fast_kernels},
     }
+    frame = report["first_frame_difference"]
+    if frame is not None and frame < min(len(eager_codes), len(fast_codes)):  # which codebooks part first
+        report["codebooks_differing_there"] = [g for g, (a, b) in enumerate(zip(eager_codes[frame], fast_codes[frame]))
+                                               if a != b]
+        report["frames_equal_count"] = sum(a == b for a, b in zip(eager_codes, fast_codes))
     print(json.dumps(report))
     return 0 if report["tokens_equal"] and report["frames_equal"] else 1
 

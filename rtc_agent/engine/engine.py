@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from . import audio_input, vision_input
+from . import attention, audio_input, moe, vision_input
 from .conversation import Conversation, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
@@ -39,6 +39,8 @@ class Engine:
         self.dtype = loaded.dtype
         self.speech = not options.text_only
         self.cuda_graphs = options.cuda_graphs and self.device.type == "cuda"
+        moe.install(self.model, enabled=options.fast_moe and self.device.type == "cuda")
+        attention.install(self.model, enabled=options.fast_attention and self.device.type == "cuda")
         self.ids = TokenIds.from_model(self.model, self.tokenizer)
         self.ready = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rtc-agent-{self.device}")

@@ -29,6 +29,8 @@ class EngineOptions:
     cuda_graphs: bool = True  # decode steps as CUDA graphs (GPU only)
     video_window_s: int = 30  # seconds of caller video kept in the context (one grid of tokens each); 0: no video
     video_still_threshold: float = 2.0  # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
+    fast_moe: bool = True  # single-token MoE kernels for decode (moe.py; CUDA with Triton only)
+    fast_attention: bool = True  # one-position attention as matmuls for decode (attention.py; CUDA only)
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):

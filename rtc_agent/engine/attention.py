@@ -1,0 +1,77 @@
+"""Attention for one decode position over a long static KV cache.
+
+Why: a captured decode step attends over the whole cache buffer with a mask (its shapes are fixed). The
+library's SDPA call packs the query heads of a KV head into one query block, so for one position the fused kernel
+runs one thread block per KV head (4 on the Thinker) walking every key in turn: on the H200 that costs about
+1 us per 100 keys per layer, 4 ms per Thinker token at 8192 positions. Two batched matmuls and a softmax spread
+the same work over the whole GPU.
+
+`install(model)` registers `decode_attention` with the library's attention interface for the Thinker's and the
+Talker's text stacks (CUDA only); any call with more than one query position goes to the library's SDPA as before.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "rtc_agent_decode"
+
+
+def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs):
+    """`query` [B, heads, 1, D] against `key`/`value` [B, kv_heads, L, D] under a boolean (True = attend) or
+    additive `attention_mask` broadcastable to [B, 1, 1, L]; returns [B, 1, heads, D] as the library's SDPA does."""
+    if query.shape[2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.view(batch, kv_heads, heads // kv_heads, dim)  # query head h reads KV head h // groups
+    scale = scaling if scaling is not None else dim ** -0.5
+    scores = torch.matmul(grouped, key.transpose(2, 3)) * scale  # [B, kv_heads, groups, L]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        else:
+            scores = scores + attention_mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs, value)  # [B, kv_heads, groups, D]
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+def _text_configs(model: nn.Module) -> list:
+    configs = [model.thinker.config.text_config]
+    if getattr(model, "talker", None) is not None:
+        configs.append(model.talker.config.text_config)
+    return configs
+
+
+def install(model: nn.Module, enabled: bool = True) -> None:
+    """Use `decode_attention` in the Thinker's and Talker's text stacks; `enabled` False puts back what the model
+    had (a model never changed stays untouched)."""
+    AttentionInterface.register(NAME, decode_attention)
+    for config in _text_configs(model):
+        if enabled and config._attn_implementation != NAME:
+            config.rtc_agent_library_attention = config._attn_implementation
+            config._attn_implementation = NAME
+        elif not enabled and config._attn_implementation == NAME:
+            config._attn_implementation = config.rtc_agent_library_attention
+
+
+def active(model: nn.Module) -> bool:
+    return any(config._attn_implementation == NAME for config in _text_configs(model))
+
+
+@contextlib.contextmanager
+def library_attention(model: nn.Module) -> Iterator[None]:
+    """Within the block the text stacks use the library's attention (e.g. for stock `generate`)."""
+    was_active = active(model)
+    install(model, enabled=False)
+    try:
+        yield
+    finally:
+        install(model, enabled=was_active)

@@ -1,0 +1,334 @@
+"""A single-token MoE path for decode: the Thinker's and the Talker's sparse MoE blocks on one position.
+
+Why: for one token the library's default experts path (`grouped_mm`) spends a dozen small kernels per layer on
+bookkeeping (sort, histc, cumsum, gathers, an inverse permutation) around two grouped GEMMs built for many tokens
+per expert. A decode step is a few hundred such kernels; even captured in a CUDA graph each costs microseconds,
+and the Thinker's 48 layers and the Talker's 20 run 10-50x their memory floor. Measured on the H200 in one CUDA
+graph: 111 -> 36 us per Thinker block, 112 -> 21 us per Talker block (docs/PERFORMANCE.md).
+
+What: three kernels per block, no gather copy, no host synchronisation (so it is captured in CUDA graphs):
+
+1. the router's logits by the library's own `F.linear` call, so they are bit-identical to the library's;
+2. gate_up (Triton): one program per (chosen expert, block of intermediate rows). It redoes the router's softmax,
+   top-k (ties to the lower expert index, as `torch.topk` gathers them) and renormalisation from the logits,
+   then reads that expert's gate and up rows by index and writes silu(gate) * up. The Talker's shared expert is
+   one more program row of the same kernel;
+3. down (Triton): one program per block of output rows runs over the chosen experts, scales each by its routing
+   weight and sums them in fp32; for the Talker it adds sigmoid(x . shared_gate) * shared expert.
+
+Every intermediate is rounded to the model dtype where the library rounds it (matmul outputs, the activation, the
+product, the routing-weight scale, the shared-expert gate), so results differ from the library only by fp32
+summation order inside dot products: most elements are bit-identical, the rest one bf16 step away.
+
+Where: `install(model)` patches the MoE blocks' `forward`; the fast path is taken only for one position
+(T == 1) on CUDA with Triton present; prefill, the CPU and anything else call the library's forward unchanged.
+`experts_torch` is the experts' math in plain PyTorch (gather + bmm), a reference for the CPU test; the Triton
+kernels themselves are tested on the CPU under Triton's interpreter (tests/test_moe.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Tile sizes per (hidden, intermediate, top_k): from a sweep on the H200 (docs/PERFORMANCE.md); others use DEFAULT.
+# Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps).
+DEFAULT_TILES = ((8, 256, 4), (4, 256, 4))
+TILES: dict[tuple[int, int, int], tuple[tuple[int, int, int], tuple[int, int, int]]] = {
+    (2048, 768, 8): ((8, 256, 4), (4, 256, 4)),  # Thinker: 35.7 µs per block in a graph (library 111 µs)
+    (1024, 384, 6): ((4, 256, 2), (2, 512, 4)),  # Talker, shared expert included: 20.9 µs (library 112 µs)
+}
+
+
+def _is_moe_block(module: nn.Module) -> bool:
+    return hasattr(module, "gate") and hasattr(module, "experts") and hasattr(module.experts, "gate_up_proj")
+
+
+def install(model: nn.Module, enabled: bool = True) -> int:
+    """Route every sparse MoE block of `model` through `block_forward`; `enabled` False restores the library's
+    path (a model never patched stays untouched; a patched one keeps the patch as a pass-through). Idempotent.
+    Returns the number of blocks changed."""
+    count = 0
+    for module in model.modules():
+        if not _is_moe_block(module) or (not enabled and "_library_forward" not in module.__dict__):
+            continue
+        if "_library_forward" not in module.__dict__:
+            module._library_forward = module.forward
+            module.forward = types.MethodType(block_forward, module)
+        module._fast_moe = enabled and _supported(module)
+        count += 1
+    return count
+
+
+def active(model: nn.Module) -> bool:
+    """Whether one-position CUDA decode of `model` takes the fast path (installed, enabled, Triton present)."""
+    return _KERNELS is not None and any(m.__dict__.get("_fast_moe", False) for m in model.modules())
+
+
+@contextlib.contextmanager
+def library_path(model: nn.Module) -> Iterator[None]:
+    """Within the block, every MoE block of `model` runs the library's own path (e.g. for stock `generate`)."""
+    blocks = [m for m in model.modules() if "_fast_moe" in m.__dict__]
+    saved = [m._fast_moe for m in blocks]
+    for m in blocks:
+        m._fast_moe = False
+    try:
+        yield
+    finally:
+        for m, flag in zip(blocks, saved):
+            m._fast_moe = flag
+
+
+def _supported(block: nn.Module) -> bool:
+    experts = block.experts
+    act = getattr(experts, "act_fn", None)
+    silu = isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
+    shared = getattr(block, "shared_expert", None)
+    if shared is not None:
+        silu = silu and type(shared.act_fn) is type(act) and shared.gate_proj.weight.is_contiguous() \
+            and shared.up_proj.weight.is_contiguous() and shared.down_proj.weight.is_contiguous()
+    experts_count = experts.gate_up_proj.shape[0]
+    return silu and getattr(experts, "has_gate", True) and not getattr(experts, "has_bias", False) \
+        and not getattr(experts, "is_transposed", False) and not getattr(experts, "has_post_expert_norm", False) \
+        and experts.gate_up_proj.is_contiguous() and experts.down_proj.is_contiguous() \
+        and experts_count & (experts_count - 1) == 0
+
+
+def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Forward of a patched MoE block: the fused path for one CUDA position, the library's otherwise."""
+    if not (self._fast_moe and hidden_states.is_cuda and hidden_states.shape[0] * hidden_states.shape[1] == 1
+            and _KERNELS is not None):
+        return self._library_forward(hidden_states)
+    return fused_forward(self, hidden_states)
+
+
+ROUTE_IN_KERNEL = True  # False: the library's router module (softmax, topk, ... as separate kernels) decides
+
+
+def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel: bool | None = None) -> torch.Tensor:
+    """The whole block in three kernels: the router's logits by the library's own `F.linear` call (so they are
+    bit-identical and the same experts win, near-ties included), then gate_up (softmax, top-k and renormalisation
+    folded in, plus the shared expert's gate and up where there is one), then down (weighted sum, shared expert
+    and its sigmoid gate)."""
+    batch, length, hidden = hidden_states.shape
+    x = hidden_states.reshape(-1, hidden)
+    shared = {"shared": getattr(block, "shared_expert", None), "shared_gate": getattr(block, "shared_expert_gate", None)}
+    if ROUTE_IN_KERNEL if route_in_kernel is None else route_in_kernel:
+        logits = F.linear(x, block.gate.weight)
+        out = _launch(block.experts, x, block.gate.top_k, logits=logits, norm=block.gate.norm_topk_prob, **shared)
+    else:
+        _, weights, selected = block.gate(x)
+        out = _launch(block.experts, x, block.gate.top_k, selected=selected, weights=weights, **shared)
+    return out.view(batch, length, hidden)
+
+
+def moe_forward(block: nn.Module, hidden_states: torch.Tensor, experts_fn) -> torch.Tensor:
+    """The library block's forward (Thinker's, or Talker's with its shared expert) with `experts_fn` in place of
+    `block.experts(...)`: the library's router, then `experts_fn(experts, x, selected, weights)`."""
+    batch, length, hidden = hidden_states.shape
+    x = hidden_states.view(-1, hidden)
+    shared = block.shared_expert(x) if hasattr(block, "shared_expert") else None
+    _, routing_weights, selected = block.gate(x)
+    out = experts_fn(block.experts, x, selected, routing_weights)
+    if shared is not None:
+        out = out + F.sigmoid(block.shared_expert_gate(x)) * shared
+    return out.reshape(batch, length, hidden)
+
+
+def experts_torch(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Plain PyTorch reference of the same math: gather the chosen experts' weights, two batched matmuls."""
+    tokens, top_k = selected.shape
+    ids = selected.reshape(-1)
+    xs = x.repeat_interleave(top_k, dim=0)  # [T*k, H]
+    gate_up = torch.bmm(experts.gate_up_proj.index_select(0, ids), xs.unsqueeze(-1)).squeeze(-1)  # [T*k, 2I]
+    gate, up = gate_up.chunk(2, dim=-1)
+    h = experts.act_fn(gate) * up
+    y = torch.bmm(experts.down_proj.index_select(0, ids), h.unsqueeze(-1)).squeeze(-1)  # [T*k, H]
+    y = y * weights.reshape(-1, 1)
+    return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
+
+
+def experts_triton(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The two Triton kernels on routing given from outside (the library's router). x [T, H]; selected, weights
+    [T, k]."""
+    return _launch(experts, x, selected.shape[1], selected=selected, weights=weights)
+
+
+def _launch(experts, x, top_k, logits=None, norm=True, selected=None, weights=None, shared=None, shared_gate=None):
+    tokens, hidden = x.shape
+    count, _, inter = experts.down_proj.shape
+    (bn1, bk1, w1), (bn2, bk2, w2) = TILES.get((hidden, inter, top_k), DEFAULT_TILES)
+    x = x.contiguous()
+    pairs = tokens * top_k
+    if logits is not None:  # routed inside the gate_up kernel, which leaves ids and weights here for down
+        ids = torch.empty(pairs, dtype=torch.int32, device=x.device)
+        routing = torch.empty(pairs, dtype=x.dtype, device=x.device)
+    else:
+        ids, routing = selected.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    if shared is not None:
+        s_gate, s_up, s_down = shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight
+        s_router, s_inter = shared_gate.weight, s_gate.shape[0]
+    else:  # placeholders, never read
+        s_gate = s_up = s_down = s_router = down
+        s_inter = inter
+    h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    h_shared = torch.empty(tokens, s_inter, dtype=x.dtype, device=x.device) if shared is not None else h
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    _KERNELS.gate_up[(pairs + (tokens if shared is not None else 0), -(-max(inter, s_inter) // bn1))](
+        x, gate_up, s_gate, s_up, logits if logits is not None else x, ids, routing, h, h_shared, pairs,
+        gate_up.stride(0), H=hidden, I=inter, IS=s_inter, E=count, TOP_K=top_k, ROUTE=logits is not None,
+        NORM=bool(norm), SHARED=shared is not None, BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1)
+    _KERNELS.down[(tokens, -(-hidden // bn2))](
+        h, h_shared, down, s_down, s_router, x, ids, routing, out, down.stride(0), H=hidden, I=inter, IS=s_inter,
+        TOP_K=top_k, SHARED=shared is not None, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2)
+    return out
+
+
+def _triton():
+    """The kernels, or None where Triton is not installed."""
+    return _KERNELS
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the library's path is used everywhere
+    triton = None
+
+_KERNELS = None
+if triton is not None:
+    @triton.jit
+    def _rounded(x, dtype: tl.constexpr):
+        """fp32 `x` rounded to `dtype` (to nearest even) and back to fp32. bf16 by bit arithmetic, which Triton's
+        CPU interpreter also runs exactly (its own bf16 cast truncates)."""
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            return bits.to(tl.float32, bitcast=True)
+        else:
+            return x.to(dtype).to(tl.float32)
+
+    @triton.jit
+    def _route(logits_row, slot, E: tl.constexpr, TOP_K: tl.constexpr, NORM: tl.constexpr):
+        """The library router's choice for `slot` from one token's logits: softmax in fp32, top-k (ties to the
+        lower expert index, as torch.topk gathers them), renormalised. Returns (expert, weight in fp32)."""
+        offs = tl.arange(0, E)
+        logits = tl.load(logits_row + offs).to(tl.float32)
+        e = tl.exp(logits - tl.max(logits, axis=0))
+        p = e / tl.sum(e, axis=0)
+        total = tl.sum(p, axis=0) * 0.0
+        expert = tl.argmax(p, axis=0) * 0
+        weight = total
+        for j in tl.static_range(TOP_K):
+            best = tl.max(p, axis=0)
+            index = tl.argmax(p, axis=0, tie_break_left=True)
+            total += best
+            expert = tl.where(slot == j, index, expert)
+            weight = tl.where(slot == j, best, weight)
+            p = tl.where(offs == index, -1.0, p)
+        if NORM:
+            weight = weight / total
+        return expert, weight
+
+    @triton.jit
+    def _gate_up_rows(x_row, gate_rows, up_rows, rows, row_ok, dtype: tl.constexpr, H: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """silu(gate) * up for a block of rows, rounded as the library rounds (matmul outputs, silu, product)."""
+        acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, H, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            col_ok = cols < H
+            xv = tl.load(x_row + cols, mask=col_ok, other=0.0).to(tl.float32)
+            ok = row_ok[:, None] & col_ok[None, :]
+            wg = tl.load(gate_rows + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+            wu = tl.load(up_rows + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+            acc_gate += tl.sum(wg * xv[None, :], axis=1)
+            acc_up += tl.sum(wu * xv[None, :], axis=1)
+        gate = _rounded(acc_gate, dtype)
+        act = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+        return _rounded(act * _rounded(acc_up, dtype), dtype)
+
+    @triton.jit
+    def _rows_dot(w_rows, v_row, row_ok, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """fp32 dot products of a block of weight rows (length N) with one vector."""
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            col_ok = cols < N
+            v = tl.load(v_row + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(w * v[None, :], axis=1)
+        return acc
+
+    @triton.jit
+    def gate_up_kernel(x_ptr, w_ptr, s_gate_ptr, s_up_ptr, logits_ptr, ids_ptr, routing_ptr, h_ptr, hs_ptr, pairs,
+                       stride_we, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, E: tl.constexpr,
+                       TOP_K: tl.constexpr, ROUTE: tl.constexpr, NORM: tl.constexpr, SHARED: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pair = tl.program_id(0)  # token * TOP_K + slot for routed experts; pairs + token for the shared expert
+        block = tl.program_id(1)
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        dtype = h_ptr.dtype.element_ty
+        if pair < pairs:
+            token = pair // TOP_K
+            if ROUTE:
+                expert, weight = _route(logits_ptr + token.to(tl.int64) * E, pair % TOP_K, E, TOP_K, NORM)
+                if block == 0:
+                    tl.store(ids_ptr + pair, expert.to(tl.int32))
+                    tl.store(routing_ptr + pair, _rounded(weight, dtype).to(dtype))
+            else:
+                expert = tl.load(ids_ptr + pair)
+            if block * BLOCK_N < I:
+                row_ok = rows < I
+                gate_rows = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * H
+                h = _gate_up_rows(x_ptr + token.to(tl.int64) * H, gate_rows, gate_rows + I * H, rows, row_ok,
+                                  dtype, H, BLOCK_N, BLOCK_K)
+                tl.store(h_ptr + pair.to(tl.int64) * I + rows, h.to(dtype), mask=row_ok)
+        elif SHARED:
+            token = pair - pairs
+            if block * BLOCK_N < IS:
+                row_ok = rows < IS
+                offset = rows[:, None].to(tl.int64) * H
+                h = _gate_up_rows(x_ptr + token.to(tl.int64) * H, s_gate_ptr + offset, s_up_ptr + offset, rows,
+                                  row_ok, dtype, H, BLOCK_N, BLOCK_K)
+                tl.store(hs_ptr + token.to(tl.int64) * IS + rows, h.to(dtype), mask=row_ok)
+
+    @triton.jit
+    def down_kernel(h_ptr, hs_ptr, w_ptr, s_down_ptr, s_router_ptr, x_ptr, ids_ptr, routing_ptr, out_ptr, stride_we,
+                    H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        token = tl.program_id(0)
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < H
+        dtype = out_ptr.dtype.element_ty
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for slot in tl.static_range(TOP_K):  # sum over the experts in fp32, each term rounded as the library's
+            pair = token * TOP_K + slot
+            expert = tl.load(ids_ptr + pair).to(tl.int64)
+            scale = tl.load(routing_ptr + pair).to(tl.float32)
+            w_rows = w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * I
+            acc = _rows_dot(w_rows, h_ptr + pair.to(tl.int64) * I, row_ok, I, BLOCK_N, BLOCK_K)
+            total += _rounded(_rounded(acc, dtype) * scale, dtype)
+        result = _rounded(total, dtype)
+        if SHARED:  # out = routed + sigmoid(x . shared_gate) * shared_down(h_shared), as the Talker's block does
+            acc = _rows_dot(s_down_ptr + rows[:, None].to(tl.int64) * IS, hs_ptr + token.to(tl.int64) * IS,
+                            row_ok, IS, BLOCK_N, BLOCK_K)
+            gate_dot = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for start in range(0, H, BLOCK_K):
+                cols = start + tl.arange(0, BLOCK_K)
+                col_ok = cols < H
+                xv = tl.load(x_ptr + token.to(tl.int64) * H + cols, mask=col_ok, other=0.0).to(tl.float32)
+                gv = tl.load(s_router_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                gate_dot += xv * gv
+            gate = _rounded(tl.sum(gate_dot, axis=0), dtype)
+            sigmoid = _rounded(1.0 / (1.0 + tl.exp(-gate)), dtype)
+            result = _rounded(result + _rounded(sigmoid * _rounded(acc, dtype), dtype), dtype)
+        tl.store(out_ptr + token.to(tl.int64) * H + rows, result.to(dtype), mask=row_ok)
+
+    _KERNELS = types.SimpleNamespace(gate_up=gate_up_kernel, down=down_kernel)
