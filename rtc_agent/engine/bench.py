@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import attention, audio_input, moe
+from . import attention, audio_input, moe, norm
 from .engine import Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import EngineOptions, SessionOptions
@@ -23,7 +23,8 @@ FRAME_S = 0.08
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="tiny | synthetic:30b-a3b | path to a checkpoint")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--turns", type=int, default=5, help="caller turns, one session")
+    parser.add_argument("--turns", type=int, default=5, help="caller turns per session")
+    parser.add_argument("--sessions", type=int, default=1, help="callers at once, each its own session")
     parser.add_argument("--turn-s", type=float, default=3.0, help="seconds of caller audio per turn")
     parser.add_argument("--system-tokens", type=int, default=200)
     parser.add_argument("--answer-tokens", type=int, default=24)
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fast-moe", action="store_true", help="the library's MoE path in decode too (moe.py)")
     parser.add_argument("--no-fast-attention", action="store_true",
                         help="the library's SDPA in decode too (attention.py)")
+    parser.add_argument("--no-fast-norm", action="store_true", help="the library's RMSNorm (norm.py)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="the Thinker's next token after each frame, not next to it on a side stream")
     parser.add_argument("--video-s", type=float, default=0.0,
                         help="seconds of 2 fps camera before each question (the camera stays on while it is asked)")
     parser.add_argument("--video-size", default="384x288", help="camera frame size, WIDTHxHEIGHT")
@@ -96,48 +100,32 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                                        max_answer_tokens=max(args.answer_tokens, 16),
                                        max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs,
                                        fast_moe=not args.no_fast_moe, fast_attention=not args.no_fast_attention,
-                                       video_window_s=window,
+                                       fast_norm=not args.no_fast_norm,
+                                       overlap=not args.no_overlap, video_window_s=window,
                                        context_tokens=max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
     loaded = time.perf_counter()
     await engine.warmup()
     ready = time.perf_counter()
     _log(args, f"loaded in {loaded - started:.1f} s, warmed up in {ready - loaded:.1f} s")
     instructions = _system_prompt(engine.tokenizer, args.system_tokens)
-    session = engine.new_session(SessionOptions(instructions=instructions, seed=0, max_answer_tokens=args.answer_tokens,
-                                                max_frames=args.answer_frames))
-    ttfp, frame_ms, busy_s, audio_s = [], [], 0.0, 0.0
-    clock = 0.0  # the session's media clock
-    for turn in range(args.turns):
-        audio = _caller_turn(args.turn_s, seed=turn)
-        frames = _camera(args.video_s + args.turn_s, width, height, clock, seed=turn) if args.video_s else []
-        question_at = clock + args.video_s
-        for start in range(0, len(audio), 320):  # 20 ms pieces, as the call server pushes them
-            now = question_at + start / INPUT_SAMPLE_RATE
-            while frames and frames[0][0] <= now:
-                await session.push_image(frames[0][1], frames[0][0])
-                frames.pop(0)
-            await session.push_audio(audio[start:start + 320], at=now)
-        clock = question_at + args.turn_s + 30.0
-        turn_started = time.perf_counter()
-        frames = 0
-        async for event in session.respond():
-            if isinstance(event, SpeechFrame):
-                frames += 1
-            elif isinstance(event, ResponseDone):
-                ttfp.append(event.metrics["ttfp_ms"])
-                frame_ms += [event.metrics["frame_ms_p50"]] if "frame_ms_p50" in event.metrics else []
-        busy_s += time.perf_counter() - turn_started
-        audio_s += frames * FRAME_S
-        _log(args, f"turn {turn}: ttfp {ttfp[-1]:.1f} ms, {frames} frames")
-    stages = await engine.run(_stage_times, session._conversation) if engine.speech else {}
-    video = session.video_stats()
-    await session.close()
+    sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
+                                                  max_frames=args.answer_frames)) for n in range(args.sessions)]
+    callers = await asyncio.gather(*(_caller(session, args, width, height, n) for n, session in enumerate(sessions)))
+    stages = await engine.run(_stage_times, sessions[0]._conversation) if engine.speech else {}
+    video = sessions[0].video_stats()
+    for session in sessions:
+        await session.close()
+    ttfp = [ms for caller in callers for ms in caller["ttfp"]]
+    frame_ms = [ms for caller in callers for ms in caller["frame_ms"]]
+    rtf = [caller["busy_s"] / caller["audio_s"] for caller in callers if caller["audio_s"]]
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
-        "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
+        "sessions": args.sessions, "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
         "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
-        "fast_attention": attention.active(engine.model), "ttfp_ms": _percentiles(ttfp), "frame_ms": _percentiles(frame_ms),
-        "rtf": round(busy_s / audio_s, 3) if audio_s else None, "startup_s": round(ready - started, 1),
+        "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
+        "ttfp_ms": _percentiles(ttfp),
+        "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2), "frame_ms": _percentiles(frame_ms),
+        "rtf": round(max(rtf), 3) if rtf else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,
     }
     if args.video_s:
@@ -149,6 +137,36 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         result["stock"] = _bench_stock(engine, instructions, args)
         result["ttfp_speedup"] = round(result["stock"]["ttfp_ms"]["p50"] / result["ttfp_ms"]["p50"], 1)
     return result
+
+
+async def _caller(session, args: argparse.Namespace, width: int, height: int, index: int) -> dict[str, Any]:
+    """One caller's turns: audio (and camera) pushed in 20 ms pieces as the call server does, then the answer."""
+    ttfp, frame_ms, busy_s, audio_s = [], [], 0.0, 0.0
+    clock = 0.0  # the session's media clock
+    for turn in range(args.turns):
+        audio = _caller_turn(args.turn_s, seed=turn + 100 * index)
+        frames = _camera(args.video_s + args.turn_s, width, height, clock, seed=turn) if args.video_s else []
+        question_at = clock + args.video_s
+        for start in range(0, len(audio), 320):
+            now = question_at + start / INPUT_SAMPLE_RATE
+            while frames and frames[0][0] <= now:
+                await session.push_image(frames[0][1], frames[0][0])
+                frames.pop(0)
+            await session.push_audio(audio[start:start + 320], at=now)
+        clock = question_at + args.turn_s + 30.0
+        turn_started = time.perf_counter()
+        made = 0
+        async for event in session.respond():
+            if isinstance(event, SpeechFrame):
+                made += 1
+            elif isinstance(event, ResponseDone):
+                ttfp.append(event.metrics["ttfp_ms"])
+                frame_ms += [event.metrics["frame_ms_p50"]] if "frame_ms_p50" in event.metrics else []
+        busy_s += time.perf_counter() - turn_started
+        audio_s += made * FRAME_S
+        if not args.json:
+            print(f"session {index} turn {turn}: ttfp {ttfp[-1]:.1f} ms, {made} frames", flush=True)
+    return {"ttfp": ttfp, "frame_ms": frame_ms, "busy_s": busy_s, "audio_s": audio_s}
 
 
 def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:
@@ -198,7 +216,8 @@ def _bench_stock(engine: Engine, instructions: str, args) -> dict[str, Any]:
     for _ in range(args.stock_runs + 1):  # the first run warms up and is not counted
         _sync(engine)
         began = time.perf_counter()
-        with torch.inference_mode(), moe.library_path(engine.model), attention.library_attention(engine.model):
+        with torch.inference_mode(), moe.library_path(engine.model), attention.library_attention(engine.model), \
+                norm.library_norm(engine.model):
             _, wav = engine.model.generate(**inputs, return_audio=True, thinker_max_new_tokens=args.answer_tokens,
                                            talker_max_new_tokens=args.answer_frames + 1, thinker_do_sample=True)
         _sync(engine)

@@ -1,5 +1,6 @@
-"""Checks that the fast decode path (CUDA graphs, single-token MoE kernels) makes the same greedy answer as the
-eager path (layers one by one, the library's MoE) on one loaded model.
+"""Checks that the fast decode path (CUDA graphs, single-token MoE kernels, decode attention, fused RMSNorm) makes
+the same greedy answer as the eager path (layers one by one, the library's MoE, attention and RMSNorm) on one
+loaded model.
 
     python -m rtc_agent.engine.check_fast_path --model synthetic:30b-a3b --tokens 32 --frames 16
 
@@ -48,9 +49,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--eager-kernels", choices=("library", "fast"), default="library",
-                        help="MoE and decode attention of the eager reference (fast: compares graphs alone)")
+                        help="MoE, decode attention and RMSNorm of the eager reference (fast: compares graphs alone)")
     parser.add_argument("--fast-kernels", choices=("fast", "library"), default="fast",
-                        help="MoE and decode attention of the graphed run (library: compares graphs alone)")
+                        help="MoE, decode attention and RMSNorm of the graphed run (library: compares graphs alone)")
+    parser.add_argument("--no-overlap", action="store_true", help="graphed run without the Thinker's side stream")
     args = parser.parse_args()
     loaded = load(args.model, args.device)
     t = np.arange(32000) / 16000
@@ -59,7 +61,8 @@ def main() -> int:
     results = {}
     for name, graphs, kernels in (("eager", False, args.eager_kernels), ("graphs", True, args.fast_kernels)):
         fast = kernels == "fast"
-        engine = Engine(loaded, EngineOptions(cuda_graphs=graphs, fast_moe=fast, fast_attention=fast, **options))
+        engine = Engine(loaded, EngineOptions(cuda_graphs=graphs, fast_moe=fast, fast_attention=fast, fast_norm=fast,
+                                              overlap=not args.no_overlap, **options))
         results[name] = asyncio.run(_answer(engine, audio, args.tokens, args.frames))
     (eager_tokens, eager_codes), (fast_tokens, fast_codes) = results["eager"], results["graphs"]
     report = {
@@ -67,7 +70,7 @@ def main() -> int:
         "first_token_difference": _first_difference(eager_tokens, fast_tokens),
         "first_frame_difference": _first_difference(eager_codes, fast_codes),
         "tokens_equal": eager_tokens == fast_tokens, "frames_equal": eager_codes == fast_codes,
-        "kernels": {"eager": args.eager_kernels, "graphs": args.fast_kernels},
+        "kernels": {"eager": args.eager_kernels, "graphs": args.fast_kernels}, "overlap": not args.no_overlap,
     }
     frame = report["first_frame_difference"]
     if frame is not None and frame < min(len(eager_codes), len(fast_codes)):  # which codebooks part first

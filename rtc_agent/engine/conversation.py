@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,9 +123,13 @@ class Conversation:
         self.video = CallerVideo(vision.patch_size * vision.spatial_merge_size, core.options.video_window_s,
                                  core.options.video_still_threshold)
         self._thinker_step = self._thinker_prefill_graph = None
+        overlap = graphs and core.options.overlap
+        self._side_stream = torch.cuda.Stream(core.device) if overlap else None  # the Thinker's decode during frames
         if graphs:
-            self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device))
+            self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device),
+                                              stream=self._side_stream)
             self._thinker_prefill_graph = PaddedPrefill(self._thinker_stack, self.cache, thinker_cfg.hidden_size, core.dtype)
+        self._token_host = torch.zeros(1, dtype=torch.long, pin_memory=graphs)
         self.generator = torch.Generator(device=core.device)
         self.generator.manual_seed(options.seed if options.seed is not None else int(torch.seed() % 2**62))
 
@@ -386,8 +390,9 @@ class Conversation:
 
     def _speak(self, tokens: list[int], token: int, thinker_done: bool, header: list[int], started: float,
                metrics: dict[str, float], frame_times: list[float]) -> Generator[Event, None, tuple[int, bool]]:
-        """The Talker and Code2Wav loop: one frame per step, the Thinker one token ahead. Returns the frame count
-        and whether the text is complete."""
+        """The Talker and Code2Wav loop: one frame per step, the Thinker one token ahead (on the GPU its next token
+        is decoded on a side stream while the frame is made). Returns the frame count and whether the text is
+        complete."""
         i, opts = self.ids, self.options
         frames = 0
         thinker_done = thinker_done or len(tokens) >= opts.max_answer_tokens
@@ -397,6 +402,7 @@ class Conversation:
         code0 = self.talker.start_answer(role, first, self.core.tts, speaker, opts.talker_sampling, self.generator)
         step_started = started
         while code0 != self.core.model.config.talker_config.codec_eos_token_id and self._interrupted_at is None:
+            ahead = None if thinker_done else self._text_ahead(tokens[-1])
             codes = [code0] + self.talker.residual_codes(code0, opts.predictor_sampling, self.generator)
             samples = self.code2wav.push(torch.tensor(codes, device=self.core.device)).cpu().numpy()
             now = time.perf_counter()
@@ -408,10 +414,12 @@ class Conversation:
             step_started = time.perf_counter()
             frames += 1
             if frames >= opts.max_frames or self._interrupted_at is not None:
+                if ahead is not None:
+                    ahead()  # unused: its cache position is cropped with the answer
                 break
             text = None
-            if not thinker_done:
-                token = self._decode_text(tokens[-1])
+            if ahead is not None:
+                token = ahead()
                 thinker_done = token == i.im_end
                 if not thinker_done:
                     tokens.append(token)
@@ -468,6 +476,26 @@ class Conversation:
         lm = self.core.model.thinker.model.language_model
         hidden, _ = run_stack(lm, lm.embed_tokens(ids), self.cache, mrope=True, graph_mode=graph_mode)
         return self.core.model.thinker.lm_head(hidden[:, -1])
+
+    def _text_ahead(self, previous: int) -> Callable[[], int]:
+        """Start decoding the token after `previous`; call the result for it. With CUDA graphs the step runs on a
+        side stream, next to whatever the main stream does until then (the Talker, the code predictor, Code2Wav)."""
+        if self._side_stream is None:
+            token = self._decode_text(previous)
+            return lambda: token
+        self._side_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side_stream):
+            ids = torch.tensor([[previous]], device=self.core.device)
+            logits = replay_at(self._thinker_step, self.cache, 1, ids)
+            self._token_host.copy_(choose(logits, self.options.thinker_sampling, self.generator).view(1),
+                                   non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+
+        def result() -> int:
+            done.synchronize()
+            return int(self._token_host[0])
+        return result
 
     def _decode_text(self, previous: int) -> int:
         ids = torch.tensor([[previous]], device=self.core.device)

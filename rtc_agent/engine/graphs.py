@@ -16,16 +16,20 @@ from .kv_cache import StaticKVCache
 class CapturedStep:
     """`fn(*inputs)` captured once; calling the object copies new inputs in and replays."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *example_inputs: torch.Tensor):
+    def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *example_inputs: torch.Tensor,
+                 stream: torch.cuda.Stream | None = None):
+        """`stream`: capture on this stream (by default the library's one capture stream). Graphs that replay at
+        the same time on different streams must be captured on different streams: cuBLAS keeps one workspace per
+        stream, and two graphs captured on one stream would share it."""
         self.inputs = [x.clone() for x in example_inputs]
-        side = torch.cuda.Stream()
+        side = stream or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up runs (library workspaces, lazy init) stay out of the graph
             for _ in range(2):
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=stream):
             self.outputs = fn(*self.inputs)
 
     def __call__(self, *inputs: torch.Tensor):

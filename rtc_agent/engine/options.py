@@ -31,6 +31,8 @@ class EngineOptions:
     video_still_threshold: float = 2.0  # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
     fast_moe: bool = True  # single-token MoE kernels for decode (moe.py; CUDA with Triton only)
     fast_attention: bool = True  # one-position attention as matmuls for decode (attention.py; CUDA only)
+    fast_norm: bool = True  # every RMSNorm as one fused kernel (norm.py; CUDA with Triton only)
+    overlap: bool = True  # the Thinker's next token on a side stream while a frame is made (CUDA graphs only)
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):
