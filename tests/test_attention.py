@@ -1,4 +1,4 @@
-"""The one-position decode attention against the library's SDPA, on CPU."""
+"""The short-query attention against the library's SDPA, on CPU."""
 from __future__ import annotations
 
 import pytest
@@ -11,18 +11,20 @@ from rtc_agent.engine.stack import run_stack
 from engine_helpers import engine_for
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_decode_attention_equals_sdpa(masked):
+@pytest.mark.parametrize("count, masked", [(1, False), (1, True), (7, True), (32, True)])
+def test_short_query_attention_equals_sdpa(count, masked):
     engine = engine_for(prefill_chunk_s=0)
     module = engine.model.thinker.model.language_model.layers[0].self_attn
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, length, dim = 4, 2, 300, 16
-    query = torch.randn(1, heads, 1, dim, generator=gen)
+    query = torch.randn(1, count, heads, dim, generator=gen).transpose(1, 2)  # laid out as the library's
     key, value = (torch.randn(1, kv_heads, length, dim, generator=gen) for _ in range(2))
-    mask = (torch.arange(length) < 217)[None, None, None] if masked else None
+    # causal over the last `count` of 217 filled positions; the rest of the buffer is empty
+    queries = torch.arange(217 - count, 217)[:, None]
+    mask = (torch.arange(length)[None] <= queries)[None, None] if masked else None
     ours, _ = attention.decode_attention(module, query, key, value, mask, scaling=dim ** -0.5)
     stock, _ = attention.sdpa_attention_forward(module, query, key, value, mask, scaling=dim ** -0.5)
-    assert ours.shape == stock.shape == (1, 1, heads, dim)
+    assert ours.shape == stock.shape == (1, count, heads, dim)
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=1e-5)
 
 

@@ -1,4 +1,4 @@
-"""Attention for one decode position over a long static KV cache.
+"""Attention for a few query positions (a decode step, a short graphed prefill) over a long static KV cache.
 
 Why: a captured decode step attends over the whole cache buffer with a mask (its shapes are fixed). The
 library's SDPA call packs the query heads of a KV head into one query block, so for one position the fused kernel
@@ -7,7 +7,7 @@ runs one thread block per KV head (4 on the Thinker) walking every key in turn: 
 the same work over the whole GPU.
 
 `install(model)` registers `decode_attention` with the library's attention interface for the Thinker's and the
-Talker's text stacks (CUDA only); any call with more than one query position goes to the library's SDPA as before.
+Talker's text stacks (CUDA only); a call with more than 32 query positions goes to the library's SDPA as before.
 """
 from __future__ import annotations
 
@@ -22,25 +22,27 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 NAME = "rtc_agent_decode"
 
 
+SHORT_QUERIES = 32  # up to this many query positions (a decode step, a graphed prefill) take the matmul path
+
+
 def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs):
-    """`query` [B, heads, 1, D] against `key`/`value` [B, kv_heads, L, D] under a boolean (True = attend) or
-    additive `attention_mask` broadcastable to [B, 1, 1, L]; returns [B, 1, heads, D] as the library's SDPA does."""
-    if query.shape[2] != 1:
+    """`query` [B, heads, T, D] against `key`/`value` [B, kv_heads, L, D] under a boolean (True = attend) or
+    additive `attention_mask` broadcastable to [B, 1, T, L] (None: every query sees every key); returns
+    [B, T, heads, D] as the library's SDPA does. More than `SHORT_QUERIES` positions go to the library's SDPA."""
+    batch, heads, count, dim = query.shape
+    if count > SHORT_QUERIES:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    grouped = query.view(batch, kv_heads, heads // kv_heads, dim)  # query head h reads KV head h // groups
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads * count, dim)  # query head h reads KV head h // groups
     scale = scaling if scaling is not None else dim ** -0.5
-    scores = torch.matmul(grouped, key.transpose(2, 3)) * scale  # [B, kv_heads, groups, L]
+    scores = (torch.matmul(grouped, key.transpose(2, 3)) * scale).view(batch, kv_heads, heads // kv_heads, count, -1)
     if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
-        else:
-            scores = scores + attention_mask
+        mask = attention_mask[:, :, None]  # [B, 1, 1, T, L]: the same for every head
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs, value)  # [B, kv_heads, groups, D]
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+    out = torch.matmul(probs.view(batch, kv_heads, heads // kv_heads * count, -1), value)
+    return out.view(batch, heads, count, dim).transpose(1, 2), None
 
 
 def _text_configs(model: nn.Module) -> list:

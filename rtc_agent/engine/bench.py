@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--answer-frames", type=int, default=40)
     parser.add_argument("--prefill-chunk-s", type=float, default=1.0)
+    parser.add_argument("--context-tokens", type=int, help="KV cache per session (default 8192, more for --video-s)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps (to measure the graphs)")
     parser.add_argument("--no-fast-moe", action="store_true", help="the library's MoE path in decode too (moe.py)")
     parser.add_argument("--no-fast-attention", action="store_true",
@@ -102,7 +103,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                                        fast_moe=not args.no_fast_moe, fast_attention=not args.no_fast_attention,
                                        fast_norm=not args.no_fast_norm,
                                        overlap=not args.no_overlap, video_window_s=window,
-                                       context_tokens=max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
+                                       context_tokens=args.context_tokens or
+                                       max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
     loaded = time.perf_counter()
     await engine.warmup()
     ready = time.perf_counter()
@@ -120,7 +122,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     rtf = [caller["busy_s"] / caller["audio_s"] for caller in callers if caller["audio_s"]]
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
-        "sessions": args.sessions, "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
+        "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
         "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
         "ttfp_ms": _percentiles(ttfp),
