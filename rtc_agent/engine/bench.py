@@ -125,7 +125,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
         "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
-        "ttfp_ms": _percentiles(ttfp),
+        "fast_norm": norm.active(engine.model), "ttfp_ms": _percentiles(ttfp),
         "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2), "frame_ms": _percentiles(frame_ms),
         "rtf": round(max(rtf), 3) if rtf else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,

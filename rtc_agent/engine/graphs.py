@@ -31,6 +31,9 @@ class CapturedStep:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, stream=stream):
             self.outputs = fn(*self.inputs)
+        # A graph is uploaded to the device on its first replay (milliseconds for a big one): do it now, not in a
+        # caller's first answer. Every step here only writes buffers that are empty or scratch at capture time.
+        self.graph.replay()
 
     def __call__(self, *inputs: torch.Tensor):
         for static, value in zip(self.inputs, inputs):
