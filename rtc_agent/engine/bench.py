@@ -185,6 +185,9 @@ def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:
                                    conversation.code2wav.cache.crop(conversation.code2wav.cache.length - 1)),
     }
     thinker_length, talker_length = conversation.cache.length, talker.cache.length
+    conversation.code2wav.reset()
+    for _ in range(conversation.code2wav.context):  # a full upsampler context before each timed frame
+        conversation.code2wav.push(torch.tensor(codes, device=engine.device))
     result = {}
     for name, stage in stages.items():
         times = []

@@ -26,17 +26,17 @@ class StreamingCode2Wav:
         self.context = context
         param = next(code2wav.parameters())
         self.cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, window=config.sliding_window)
-        self.hidden: torch.Tensor | None = None  # transformer output of the last `context` frames [1, hidden, frames]
+        self.hidden: torch.Tensor | None = None  # eager path: transformer output of the last context + 1 frames
         self.lag = self._tail_loss()
-        # Once `context` frames are in, shapes no longer change: each frame is one graph replay over a static
-        # history buffer.
-        self._steady: CapturedStep | None = None
-        self._history = param.new_zeros(1, config.hidden_size, context + 1)
-        self._in_graph = False
+        # On the GPU every frame is one graph replay: one graph per number of frames before it (0 .. context, the
+        # last one for every frame from then on), over a static buffer of the last `context` transformer frames.
+        self._history = param.new_zeros(1, config.hidden_size, context)
+        self._graphs: list[CapturedStep] = []
         if graphs:
             codes = torch.zeros(config.num_quantizers, dtype=torch.long, device=param.device)
-            self._steady = CapturedStep(lambda c: self._push(c, self._history, graph_mode=True)[0], codes)
-            self.reset()
+            for before in range(context + 1):
+                self._graphs.append(CapturedStep(lambda c, before=before: self._push_static(c, before), codes))
+                self.reset()
 
     def _tail_loss(self) -> int:
         """Samples a forward holds back at its end (555 for the released config), found by decoding one frame."""
@@ -49,7 +49,6 @@ class StreamingCode2Wav:
     def reset(self) -> None:
         self.cache.crop(0)
         self.hidden = None
-        self._in_graph = False
 
     def _transform(self, codes: torch.Tensor, graph_mode: bool = False) -> torch.Tensor:
         model = self.model
@@ -67,25 +66,25 @@ class StreamingCode2Wav:
 
     def push(self, codes: torch.Tensor) -> torch.Tensor:
         """Decode one frame of codes [num_quantizers] and return its 1920 samples (float32, on the model's device)."""
-        if self._steady is not None and self.cache.length > self.context:
-            if not self._in_graph:
-                self._history.copy_(self.hidden)
-                self._in_graph = True
-            return replay_at(self._steady, self.cache, 1, codes).clone()
-        wav, self.hidden = self._push(codes, self.hidden)
+        if self._graphs:
+            return replay_at(self._graphs[min(self.cache.length, self.context)], self.cache, 1, codes).clone()
+        hidden = self._transform(codes.view(1, -1, 1))
+        window = hidden if self.hidden is None else torch.cat((self.hidden, hidden), dim=-1)[..., -(self.context + 1):]
+        wav = self._frame_samples(window, window.shape[-1] - 1)
+        self.hidden = window
         return wav
 
-    def _push(self, codes: torch.Tensor, history: torch.Tensor | None, graph_mode: bool = False):
-        """Returns the frame's samples and the new history (transformer output of the last context + 1 frames)."""
-        hidden = self._transform(codes.view(1, -1, 1), graph_mode)
-        previous = 0 if history is None else min(history.shape[-1], self.context)
-        window = hidden if history is None else torch.cat((history, hidden), dim=-1)[..., -(self.context + 1):]
-        if graph_mode:
-            history.copy_(window)
+    def _push_static(self, codes: torch.Tensor, before: int) -> torch.Tensor:
+        """`push` with `before` frames of history (at most `context`) in fixed shapes, for a CUDA graph."""
+        hidden = self._transform(codes.view(1, -1, 1), graph_mode=True)
+        window = torch.cat((self._history[..., self.context - before:], hidden), dim=-1)
+        self._history.copy_(torch.cat((self._history, hidden), dim=-1)[..., -self.context:])
+        return self._frame_samples(window, before)
+
+    def _frame_samples(self, window: torch.Tensor, before: int) -> torch.Tensor:
+        """The new frame's samples from the upsampled `window` (`before` frames of context, then the new one)."""
         wav = self._upsample(window)[0, 0].float()
-        start = previous * self.samples_per_frame - self.lag  # where this frame's samples begin in `wav`
+        start = before * self.samples_per_frame - self.lag  # where this frame's samples begin in `wav`
         if start < 0:
-            wav = torch.cat((wav.new_zeros(-start), wav[: self.samples_per_frame + start]))
-        else:
-            wav = wav[start: start + self.samples_per_frame]
-        return wav, window
+            return torch.cat((wav.new_zeros(-start), wav[: self.samples_per_frame + start]))
+        return wav[start: start + self.samples_per_frame]
