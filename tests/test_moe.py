@@ -62,8 +62,8 @@ def test_install_keeps_library_path_off_cuda():
     with torch.inference_mode():
         assert torch.equal(block(x), block._library_forward(x))  # CPU: the patched forward is the library's
     with moe.library_path(model):
-        assert not any(b._fast_moe for b in _blocks(model))
-    assert all(b._fast_moe == moe._supported(b) for b in _blocks(model))
+        assert not any(b._fast_path for b in _blocks(model))
+    assert all(b._fast_path == moe._supported(b) for b in _blocks(model))
 
 
 _INTERPRETER_CHECK = """

@@ -76,8 +76,8 @@ def test_install_keeps_library_path_off_cuda():
         assert torch.equal(first(x), first._library_forward(x))  # CPU: the patched forward is the library's
     assert not norm.active(model) or norm._kernel() is not None
     with norm.library_norm(model):
-        assert not any(m._fast_norm for m in _norms(model))
-    assert all(m._fast_norm for m in _norms(model))
+        assert not any(m._fast_path for m in _norms(model))
+    assert all(m._fast_path for m in _norms(model))
     norm.install(model, enabled=False)
     assert not norm.active(model)
 

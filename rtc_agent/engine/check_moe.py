@@ -28,8 +28,9 @@ from . import moe
 from .loader import load
 
 
-def _graph_time_us(fn, reps: int = 30) -> float:
-    """Mean device time of `fn()` (a fixed sequence of kernels) replayed as one CUDA graph."""
+def graph_time_us(fn, reps: int = 30, rounds: int = 1) -> float:
+    """Device time of one `fn()` (a fixed sequence of kernels) replayed as one CUDA graph: the best of `rounds`
+    means over `reps` replays."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -41,12 +42,15 @@ def _graph_time_us(fn, reps: int = 30) -> float:
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+    times = []
+    for _ in range(rounds):
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return min(times)
 
 
 def _library(block, x):
@@ -124,7 +128,7 @@ def time_layers(stacks, inputs) -> dict:
         xs = [x[0] for x in inputs[name]]
         variants = {"router": lambda b, x: b.gate(x.view(-1, x.shape[-1])), "library_grouped_mm": _library,
                     "library_batched_mm": _batched_mm, **VARIANTS}
-        result[name] = {key: round(_graph_time_us(functools.partial(_each, f, blocks, xs)) / len(blocks), 2)
+        result[name] = {key: round(graph_time_us(functools.partial(_each, f, blocks, xs)) / len(blocks), 2)
                         for key, f in variants.items()}
     return result
 
@@ -143,15 +147,15 @@ def sweep_tiles(stacks, inputs) -> dict:
         best_up, best_down = moe.TILES.get(key, moe.DEFAULT_TILES)
         for tiles in candidates:  # gate_up tiles, down fixed
             moe.TILES[key] = (tiles, best_down)
-            times[f"gate_up {tiles}"] = _graph_time_us(run) / len(blocks)
+            times[f"gate_up {tiles}"] = graph_time_us(run) / len(blocks)
         best_up = min(candidates, key=lambda t: times[f"gate_up {t}"])
         for tiles in candidates:  # down tiles, gate_up at its best
             moe.TILES[key] = (best_up, tiles)
-            times[f"down {tiles}"] = _graph_time_us(run) / len(blocks)
+            times[f"down {tiles}"] = graph_time_us(run) / len(blocks)
         best_down = min(candidates, key=lambda t: times[f"down {t}"])
         moe.TILES[key] = (best_up, best_down)
         result[name] = {"shape": key, "best": [best_up, best_down],
-                        "best_us": round(_graph_time_us(run) / len(blocks), 2),
+                        "best_us": round(graph_time_us(run) / len(blocks), 2),
                         "tried_us": {k: round(v, 2) for k, v in sorted(times.items(), key=lambda kv: kv[1])[:8]}}
     return result
 

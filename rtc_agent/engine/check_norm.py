@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import norm, tiny
+from .check_moe import graph_time_us
 
 STACKS = {"thinker": "thinker.", "talker": "talker.model.", "code_predictor": "talker.code_predictor.",
           "code2wav": "code2wav."}
@@ -82,29 +83,6 @@ def _steps(diff: torch.Tensor, reference: torch.Tensor) -> float:
     return float((diff / torch.ldexp(torch.ones_like(diff), exponent - 8)).max())
 
 
-def _graph_us(fn, reps: int = 50) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(), fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(3):
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return min(times)
-
-
 def _kernels_per_call(fn) -> int:
     fn()
     torch.cuda.synchronize()
@@ -152,7 +130,7 @@ def main() -> int:
                 inputs = [(module, _input(module, heads, positions, generator)) for module, heads in norms]
                 row = {}
                 for name, fn in VARIANTS.items():
-                    total = _graph_us(lambda fn=fn, inputs=inputs: [fn(module, x) for module, x in inputs])
+                    total = graph_time_us(lambda fn=fn, inputs=inputs: [fn(module, x) for module, x in inputs], 50, 3)
                     row[name] = {"graph": round(total, 1), "per_norm": round(total / len(inputs), 2)}
                 report["graph_us"][f"{stack}@{positions}"] = row
     print(json.dumps(report))

@@ -27,13 +27,13 @@ kernels themselves are tested on the CPU under Triton's interpreter (tests/test_
 """
 from __future__ import annotations
 
-import contextlib
 import types
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import fast_path
 
 # Tile sizes per (hidden, intermediate, top_k): from a sweep on the H200 (docs/PERFORMANCE.md); others use DEFAULT.
 # Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps).
@@ -49,38 +49,18 @@ def _is_moe_block(module: nn.Module) -> bool:
 
 
 def install(model: nn.Module, enabled: bool = True) -> int:
-    """Route every sparse MoE block of `model` through `block_forward`; `enabled` False restores the library's
-    path (a model never patched stays untouched; a patched one keeps the patch as a pass-through). Idempotent.
-    Returns the number of blocks changed."""
-    count = 0
-    for module in model.modules():
-        if not _is_moe_block(module) or (not enabled and "_library_forward" not in module.__dict__):
-            continue
-        if "_library_forward" not in module.__dict__:
-            module._library_forward = module.forward
-            module.forward = types.MethodType(block_forward, module)
-        module._fast_moe = enabled and _supported(module)
-        count += 1
-    return count
+    """Route every sparse MoE block of `model` through `block_forward` (see fast_path.install)."""
+    return fast_path.install(model, _is_moe_block, block_forward, enabled, _supported)
 
 
 def active(model: nn.Module) -> bool:
     """Whether one-position CUDA decode of `model` takes the fast path (installed, enabled, Triton present)."""
-    return _KERNELS is not None and any(m.__dict__.get("_fast_moe", False) for m in model.modules())
+    return _KERNELS is not None and fast_path.enabled(model, _is_moe_block)
 
 
-@contextlib.contextmanager
-def library_path(model: nn.Module) -> Iterator[None]:
+def library_path(model: nn.Module):
     """Within the block, every MoE block of `model` runs the library's own path (e.g. for stock `generate`)."""
-    blocks = [m for m in model.modules() if "_fast_moe" in m.__dict__]
-    saved = [m._fast_moe for m in blocks]
-    for m in blocks:
-        m._fast_moe = False
-    try:
-        yield
-    finally:
-        for m, flag in zip(blocks, saved):
-            m._fast_moe = flag
+    return fast_path.library(model, _is_moe_block)
 
 
 def _supported(block: nn.Module) -> bool:
@@ -100,7 +80,7 @@ def _supported(block: nn.Module) -> bool:
 
 def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """Forward of a patched MoE block: the fused path for one CUDA position, the library's otherwise."""
-    if not (self._fast_moe and hidden_states.is_cuda and hidden_states.shape[0] * hidden_states.shape[1] == 1
+    if not (self._fast_path and hidden_states.is_cuda and hidden_states.shape[0] * hidden_states.shape[1] == 1
             and _KERNELS is not None):
         return self._library_forward(hidden_states)
     return fused_forward(self, hidden_states)

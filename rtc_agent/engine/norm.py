@@ -21,12 +21,10 @@ interpreter (tests/test_norm.py). `torch.nn.functional.rms_norm` is not used: wi
 """
 from __future__ import annotations
 
-import contextlib
-import types
-from collections.abc import Iterator
-
 import torch
 from torch import nn
+
+from . import fast_path
 
 # The library's RMSNorm classes in modeling_qwen3_omni_moe (all with the forward above). The vision and audio
 # encoders' LayerNorms are not among them.
@@ -40,43 +38,23 @@ def is_rms_norm(module: nn.Module) -> bool:
 
 
 def install(model: nn.Module, enabled: bool = True) -> int:
-    """Route every RMSNorm of `model` through `norm_forward`; `enabled` False restores the library's path (a model
-    never patched stays untouched; a patched one keeps the patch as a pass-through). Idempotent. Returns the number
-    of norms changed."""
-    count = 0
-    for module in model.modules():
-        if not is_rms_norm(module) or (not enabled and "_library_forward" not in module.__dict__):
-            continue
-        if "_library_forward" not in module.__dict__:
-            module._library_forward = module.forward
-            module.forward = types.MethodType(norm_forward, module)
-        module._fast_norm = enabled
-        count += 1
-    return count
+    """Route every RMSNorm of `model` through `norm_forward` (see fast_path.install)."""
+    return fast_path.install(model, is_rms_norm, norm_forward, enabled)
 
 
 def active(model: nn.Module) -> bool:
     """Whether CUDA runs of `model` take the fused norm (installed, enabled, Triton present)."""
-    return _KERNEL is not None and any(m.__dict__.get("_fast_norm", False) for m in model.modules())
+    return _KERNEL is not None and fast_path.enabled(model, is_rms_norm)
 
 
-@contextlib.contextmanager
-def library_norm(model: nn.Module) -> Iterator[None]:
+def library_norm(model: nn.Module):
     """Within the block, every RMSNorm of `model` runs the library's own forward (e.g. for stock `generate`)."""
-    norms = [m for m in model.modules() if "_fast_norm" in m.__dict__]
-    saved = [m._fast_norm for m in norms]
-    for m in norms:
-        m._fast_norm = False
-    try:
-        yield
-    finally:
-        for m, flag in zip(norms, saved):
-            m._fast_norm = flag
+    return fast_path.library(model, is_rms_norm)
 
 
 def norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """Forward of a patched RMSNorm: the fused kernel on CUDA, the library's otherwise."""
-    if not (self._fast_norm and hidden_states.is_cuda and _KERNEL is not None and hidden_states.is_contiguous()
+    if not (self._fast_path and hidden_states.is_cuda and _KERNEL is not None and hidden_states.is_contiguous()
             and hidden_states.shape[-1] <= MAX_WIDTH and hidden_states.numel() > 0):
         return self._library_forward(hidden_states)
     return rms_norm_triton(hidden_states, self.weight, self.variance_epsilon)
@@ -117,16 +95,7 @@ except ImportError:  # CPU-only installs: the library's path is used everywhere
 
 _KERNEL = None
 if triton is not None:
-    @triton.jit
-    def _rounded(x, dtype: tl.constexpr):
-        """fp32 `x` rounded to `dtype` (to nearest even) and back to fp32. bf16 by bit arithmetic, which Triton's
-        CPU interpreter also runs exactly (its own bf16 cast truncates). As in moe.py."""
-        if dtype == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-            return bits.to(tl.float32, bitcast=True)
-        else:
-            return x.to(dtype).to(tl.float32)
+    from .moe import _rounded  # the MoE kernels' bf16 rounding, exact under Triton's interpreter too
 
     @triton.jit(do_not_specialize=["rows"])
     def rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, eps, N: tl.constexpr, BLOCK_M: tl.constexpr,
