@@ -5,17 +5,20 @@ loaded model.
     python -m rtc_agent.engine.check_fast_path --model synthetic:30b-a3b --tokens 32 --frames 16
 
 Prints one JSON object: the tokens and frames compared, where (if anywhere) the two paths first differ, and the
-largest logit difference at the first Thinker step. bf16 rounding can turn near-ties the other way; a divergence is
-reported with the step at which it happened rather than hidden.
+eager run's top-1 − top-2 logit gap where the first frame parts, against one bf16 step at that logit: bf16 rounding
+can turn near-ties the other way, and a divergence is reported with its margin rather than hidden.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 
 import numpy as np
 
+from . import talker as talker_module
 from .engine import Engine
 from .events import ResponseDone, SpeechFrame
 from .loader import load
@@ -33,6 +36,28 @@ async def _answer(engine: Engine, audio: np.ndarray, tokens: int, frames: int):
             done = event
     await session.close()
     return list(done.token_ids), codes
+
+
+@contextlib.contextmanager
+def _recording_margins(margins: list):
+    """Record the top-1 and top-2 logits of every Talker and code-predictor choice (eager runs only: a graphed
+    predictor chooses inside its graph). Code-0 choices are recorded as None: their scores are penalised and
+    suppressed before the choice, so the raw gap is not the deciding one."""
+    original = talker_module.choose
+
+    def choose(logits, sampling, *args, **kwargs):
+        if args or "suppress" in kwargs or "previous" in kwargs:
+            margins.append(None)
+        else:
+            top = logits.float().topk(2, dim=-1).values[0]
+            margins.append((float(top[0]), float(top[1])))
+        return original(logits, sampling, *args, **kwargs)
+
+    talker_module.choose = choose
+    try:
+        yield
+    finally:
+        talker_module.choose = original
 
 
 def _first_difference(a: list, b: list) -> int | None:
@@ -58,12 +83,13 @@ def main() -> int:
     t = np.arange(32000) / 16000
     audio = (0.2 * np.sin(2 * np.pi * 150 * t)).astype(np.float32)
     options = dict(model=args.model, prefill_chunk_s=0, max_answer_tokens=args.tokens, max_frames=args.frames)
-    results = {}
+    results, margins = {}, []
     for name, graphs, kernels in (("eager", False, args.eager_kernels), ("graphs", True, args.fast_kernels)):
         fast = kernels == "fast"
         engine = Engine(loaded, EngineOptions(cuda_graphs=graphs, fast_moe=fast, fast_attention=fast, fast_norm=fast,
                                               overlap=not args.no_overlap, **options))
-        results[name] = asyncio.run(_answer(engine, audio, args.tokens, args.frames))
+        with _recording_margins(margins) if not graphs else contextlib.nullcontext():
+            results[name] = asyncio.run(_answer(engine, audio, args.tokens, args.frames))
     (eager_tokens, eager_codes), (fast_tokens, fast_codes) = results["eager"], results["graphs"]
     report = {
         "model": args.model, "tokens_compared": len(eager_tokens), "frames_compared": len(eager_codes),
@@ -77,6 +103,14 @@ def main() -> int:
         report["codebooks_differing_there"] = [g for g, (a, b) in enumerate(zip(eager_codes[frame], fast_codes[frame]))
                                                if a != b]
         report["frames_equal_count"] = sum(a == b for a, b in zip(eager_codes, fast_codes))
+        codebook = report["codebooks_differing_there"][0]
+        groups = len(eager_codes[0])
+        recorded = margins[frame * groups + codebook] if len(margins) >= groups * len(eager_codes) else None
+        if recorded is not None:  # how close the eager run's choice was where the paths part
+            top1, top2 = recorded
+            report["first_difference_margin"] = {
+                "codebook": codebook, "top1": round(top1, 5), "top1_minus_top2": round(top1 - top2, 5),
+                "bf16_step_at_top1": 2.0 ** (math.floor(math.log2(abs(top1))) - 7) if top1 else 0.0}
     print(json.dumps(report))
     return 0 if report["tokens_equal"] and report["frames_equal"] else 1
 
