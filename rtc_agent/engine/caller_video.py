@@ -68,9 +68,6 @@ class CallerVideo:
         self.frames = collections.deque(sorted([*frames, *self.frames], key=lambda f: f[0]))
         self._last_kept = None
 
-    def forget_last_kept(self) -> None:
-        self._last_kept = None
-
     @staticmethod
     def _pair(images: list[np.ndarray]) -> np.ndarray:
         first, second = images[0], images[len(images) // 2]
