@@ -119,6 +119,7 @@ class Conversation:
         self.turn: Turn | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
         self.audio_clock = 0.0  # media-clock time just after the last audio pushed
+        self._turn_start_at = 0.0  # media-clock time of the first sample of the turn being pushed
         vision = core.model.config.thinker_config.vision_config
         self.video = CallerVideo(vision.patch_size * vision.spatial_merge_size, core.options.video_window_s,
                                  core.options.video_still_threshold)
