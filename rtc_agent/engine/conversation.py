@@ -38,10 +38,11 @@ class Segment:
     grids: list[vision_input.VisionGrid] = field(default_factory=list)  # video seconds, in order
     talker_part: torch.Tensor | None = None  # user turns: the Talker's input embeddings for this segment
 
-    def extend(self, piece: Piece, count: int) -> None:
-        """Add the first `count` ids of a prefilled piece (the rest belongs to the next segment)."""
+    def extend(self, piece: Piece, positions: np.ndarray, count: int) -> None:
+        """Add the first `count` ids of a prefilled piece, at `positions` (its position array); the rest belongs
+        to the next segment."""
         self.ids += piece.ids[:count]
-        positions = piece.position_array()[:, :count]
+        positions = positions[:, :count]
         self.positions = positions if self.positions is None else np.concatenate((self.positions, positions), 1)
         self.audio += piece.audio
         self.grids += piece.grids
@@ -223,7 +224,7 @@ class Conversation:
         positions = piece.position_array()
         hidden, captured, embeds = self._thinker_prefill(piece.ids, piece.audio, piece.grids, positions + turn.base)
         user_len = len(piece.ids) - trailer
-        turn.segment.extend(piece, user_len)
+        turn.segment.extend(piece, positions, user_len)
         if self.talker is not None:
             segment = turn.segment
             part = self._talker_user_part(piece.ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
