@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import attention, audio_input, moe, norm
+from . import attention, audio_input, moe, norm, rotary
 from .engine import Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import EngineOptions, SessionOptions
@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fast-attention", action="store_true",
                         help="the library's SDPA in decode too (attention.py)")
     parser.add_argument("--no-fast-norm", action="store_true", help="the library's RMSNorm (norm.py)")
+    parser.add_argument("--no-fast-rotary", action="store_true",
+                        help="the library's q/k norm, rotary embedding and cache write in graphed steps (rotary.py)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="the Thinker's next token after each frame, not next to it on a side stream")
     parser.add_argument("--video-s", type=float, default=0.0,
@@ -101,7 +103,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                                        max_answer_tokens=max(args.answer_tokens, 16),
                                        max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs,
                                        fast_moe=not args.no_fast_moe, fast_attention=not args.no_fast_attention,
-                                       fast_norm=not args.no_fast_norm,
+                                       fast_norm=not args.no_fast_norm, fast_rotary=not args.no_fast_rotary,
                                        overlap=not args.no_overlap, video_window_s=window,
                                        context_tokens=args.context_tokens or
                                        max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
@@ -125,7 +127,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
         "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
-        "fast_norm": norm.active(engine.model), "ttfp_ms": _percentiles(ttfp),
+        "fast_norm": norm.active(engine.model), "fast_rotary": rotary.active(engine.model), "ttfp_ms": _percentiles(ttfp),
         "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2), "frame_ms": _percentiles(frame_ms),
         "rtf": round(max(rtf), 3) if rtf else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,

@@ -1,4 +1,4 @@
-"""Checks that the fast decode path (CUDA graphs, single-token MoE kernels, decode attention, fused RMSNorm) makes
+"""Checks that the fast decode path (CUDA graphs, single-token MoE kernels, decode attention, fused RMSNorm and rotary) makes
 the same greedy answer as the eager path (layers one by one, the library's MoE, attention and RMSNorm) on one
 loaded model.
 
@@ -74,9 +74,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--eager-kernels", choices=("library", "fast"), default="library",
-                        help="MoE, decode attention and RMSNorm of the eager reference (fast: compares graphs alone)")
+                        help="MoE, decode attention, RMSNorm and rotary of the eager reference (fast: compares graphs alone)")
     parser.add_argument("--fast-kernels", choices=("fast", "library"), default="fast",
-                        help="MoE, decode attention and RMSNorm of the graphed run (library: compares graphs alone)")
+                        help="MoE, decode attention, RMSNorm and rotary of the graphed run (library: compares graphs alone)")
     parser.add_argument("--no-overlap", action="store_true", help="graphed run without the Thinker's side stream")
     args = parser.parse_args()
     loaded = load(args.model, args.device)
@@ -87,7 +87,7 @@ def main() -> int:
     for name, graphs, kernels in (("eager", False, args.eager_kernels), ("graphs", True, args.fast_kernels)):
         fast = kernels == "fast"
         engine = Engine(loaded, EngineOptions(cuda_graphs=graphs, fast_moe=fast, fast_attention=fast, fast_norm=fast,
-                                              overlap=not args.no_overlap, **options))
+                                              fast_rotary=fast, overlap=not args.no_overlap, **options))
         with _recording_margins(margins) if not graphs else contextlib.nullcontext():
             results[name] = asyncio.run(_answer(engine, audio, args.tokens, args.frames))
     (eager_tokens, eager_codes), (fast_tokens, fast_codes) = results["eager"], results["graphs"]

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from . import attention, audio_input, moe, norm, vision_input
+from . import attention, audio_input, moe, norm, rotary, vision_input
 from .conversation import Conversation, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
@@ -42,6 +42,7 @@ class Engine:
         moe.install(self.model, enabled=options.fast_moe and self.device.type == "cuda")
         attention.install(self.model, enabled=options.fast_attention and self.device.type == "cuda")
         norm.install(self.model, enabled=options.fast_norm and self.device.type == "cuda")
+        rotary.install(self.model, enabled=options.fast_rotary and self.device.type == "cuda")
         self.ids = TokenIds.from_model(self.model, self.tokenizer)
         self.ready = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rtc-agent-{self.device}")
