@@ -178,18 +178,20 @@ def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:
     engine, talker = conversation.core, conversation.talker
     sampling = conversation.options
     text = engine.tts["pad"]
-    codes = [0] * engine.model.config.talker_config.num_code_groups
+    codes = torch.zeros(engine.model.config.talker_config.num_code_groups, dtype=torch.long, device=engine.device)
     stages = {
         "thinker_token": lambda: conversation._decode_text(0),
-        "talker_step": lambda: talker.step(codes, text, sampling.talker_sampling, conversation.generator),
-        "code_predictor_15": lambda: talker.residual_codes(0, sampling.predictor_sampling, conversation.generator),
-        "code2wav_frame": lambda: (conversation.code2wav.push(torch.tensor(codes, device=engine.device)).cpu(),
+        "talker_step": lambda: (talker.step(codes, text, sampling.talker_sampling, conversation.generator),
+                                talker.code0_value()),
+        "code_predictor_15": lambda: talker.frame_codes(codes[:1].view(1, 1), sampling.predictor_sampling,
+                                                        conversation.generator).tolist(),
+        "code2wav_frame": lambda: (conversation.code2wav.push(codes).cpu(),
                                    conversation.code2wav.cache.crop(conversation.code2wav.cache.length - 1)),
     }
     thinker_length, talker_length = conversation.cache.length, talker.cache.length
     conversation.code2wav.reset()
     for _ in range(conversation.code2wav.context):  # a full upsampler context before each timed frame
-        conversation.code2wav.push(torch.tensor(codes, device=engine.device))
+        conversation.code2wav.push(codes)
     result = {}
     for name, stage in stages.items():
         times = []

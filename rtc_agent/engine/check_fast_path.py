@@ -46,7 +46,7 @@ def _recording_margins(margins: list):
     original = talker_module.choose
 
     def choose(logits, sampling, *args, **kwargs):
-        if args or "suppress" in kwargs or "previous" in kwargs:
+        if args or "suppress" in kwargs or "seen" in kwargs:
             margins.append(None)
         else:
             top = logits.float().topk(2, dim=-1).values[0]

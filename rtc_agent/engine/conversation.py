@@ -14,7 +14,7 @@ from . import audio_input, vision_input
 from .caller_video import CallerVideo
 from .code2wav import StreamingCode2Wav
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame, TextDelta
-from .graphs import CapturedStep, PaddedPrefill, replay_at
+from .graphs import CapturedStep, HostCopy, PaddedPrefill, replay_at
 from .kv_cache import StaticKVCache
 from .layout import Piece, TurnLayout
 from .options import SessionOptions
@@ -113,7 +113,7 @@ class Conversation:
         talker_len = core.options.context_tokens + core.options.max_frames + 16
         self.talker = TalkerState(core.model, talker_len, graphs) if core.speech else None
         if self.talker is not None and graphs:
-            self.talker.capture_predictor(options.predictor_sampling)
+            self.talker.capture(options.talker_sampling, options.predictor_sampling)
         self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1, graphs=graphs) if core.speech else None
         self.segments: list[Segment] = []
         self._last_answer: tuple[int, list[int]] | None = None  # (cache position, tokens) of the latest answer
@@ -131,7 +131,10 @@ class Conversation:
             self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device),
                                               stream=self._side_stream)
             self._thinker_prefill_graph = PaddedPrefill(self._thinker_stack, self.cache, thinker_cfg.hidden_size, core.dtype)
-        self._token_host = torch.zeros(1, dtype=torch.long, pin_memory=graphs)
+        self._token = HostCopy((1,), torch.long, core.device)  # the Thinker's next token
+        if core.speech:  # each frame's codes and samples
+            self._frame_codes = HostCopy((core.model.config.talker_config.num_code_groups,), torch.long, core.device)
+            self._frame_samples = HostCopy((self.code2wav.samples_per_frame,), torch.float32, core.device)
         self.generator = torch.Generator(device=core.device)
         self.generator.manual_seed(options.seed if options.seed is not None else int(torch.seed() % 2**62))
 
@@ -392,49 +395,62 @@ class Conversation:
 
     def _speak(self, tokens: list[int], token: int, thinker_done: bool, header: list[int], started: float,
                metrics: dict[str, float], frame_times: list[float]) -> Generator[Event, None, tuple[int, bool]]:
-        """The Talker and Code2Wav loop: one frame per step, the Thinker one token ahead (on the GPU its next token
-        is decoded on a side stream while the frame is made). Returns the frame count and whether the text is
-        complete."""
+        """The Talker and Code2Wav loop: one frame per step, the Thinker one token ahead. Returns the frame count
+        and whether the text is complete.
+
+        On the GPU a frame does not wait for the host: the code predictor reads code 0 on the device while code 0
+        travels to the host for the end-of-speech check, the Thinker's next token is decoded on a side stream next
+        to the predictor and Code2Wav, and the next Talker step is queued before the frame is handed on."""
         i, opts = self.ids, self.options
+        eos = self.core.model.config.talker_config.codec_eos_token_id
         frames = 0
         thinker_done = thinker_done or len(tokens) >= opts.max_answer_tokens
         role, first = self._text_input(header), self._text_input([token])
         text_after_end = 0  # talker steps fed since the text ended (tts_eos first, then tts_pad)
         speaker = self.core.speaker_id(opts.voice)
+        if self._side_stream is not None:  # the Thinker's side-stream steps come after its prefill on this stream
+            self._side_stream.wait_stream(torch.cuda.current_stream())
         code0 = self.talker.start_answer(role, first, self.core.tts, speaker, opts.talker_sampling, self.generator)
         step_started = started
-        while code0 != self.core.model.config.talker_config.codec_eos_token_id and self._interrupted_at is None:
-            ahead = None if thinker_done else self._text_ahead(tokens[-1])
-            codes = [code0] + self.talker.residual_codes(code0, opts.predictor_sampling, self.generator)
-            samples = self.code2wav.push(torch.tensor(codes, device=self.core.device)).cpu().numpy()
-            now = time.perf_counter()
-            if frames == 0:
-                metrics["ttfp_ms"] = (now - started) * 1e3
-            else:
-                frame_times.append(now - step_started)
-            yield SpeechFrame(frames, samples, tuple(codes))
-            step_started = time.perf_counter()
-            frames += 1
-            if frames >= opts.max_frames or self._interrupted_at is not None:
-                if ahead is not None:
-                    ahead()  # unused: its cache position is cropped with the answer
+        while self._interrupted_at is None:
+            codes = self.talker.frame_codes(code0, opts.predictor_sampling, self.generator)
+            if self.talker.code0_value() == eos:  # the predictor's work on it is dropped
                 break
-            text = None
+            ahead = None if thinker_done else self._text_ahead(tokens[-1])
+            self._frame_codes.start(codes)
+            self._frame_samples.start(self.code2wav.push(codes))
+            last = frames + 1 >= opts.max_frames
+            text, delta = None, None
             if ahead is not None:
                 token = ahead()
-                thinker_done = token == i.im_end
-                if not thinker_done:
+                if not last:
+                    thinker_done = token == i.im_end
+                if not (last or thinker_done):  # (at the frame limit the token is unused: cropped with the answer)
                     tokens.append(token)
-                    yield TextDelta(self.core.tokenizer.decode([token]), token)
+                    delta = TextDelta(self.core.tokenizer.decode([token]), token)
                     # As in stock generate, the answer's last token (EOS, or the one at the length limit) is
                     # not spoken: tts_eos takes its place.
                     thinker_done = len(tokens) >= opts.max_answer_tokens
                     if not thinker_done:
                         text = self._text_input([token])
-            if text is None:
-                text = self.core.tts["eos"] if text_after_end == 0 else self.core.tts["pad"]
-                text_after_end += 1
-            code0 = self.talker.step(codes, text, opts.talker_sampling, self.generator)
+            if not last:
+                if text is None:
+                    text = self.core.tts["eos"] if text_after_end == 0 else self.core.tts["pad"]
+                    text_after_end += 1
+                code0 = self.talker.step(codes, text, opts.talker_sampling, self.generator)
+            samples = self._frame_samples.get().numpy().copy()
+            now = time.perf_counter()
+            if frames == 0:
+                metrics["ttfp_ms"] = (now - started) * 1e3
+            else:
+                frame_times.append(now - step_started)
+            yield SpeechFrame(frames, samples, tuple(self._frame_codes.get().tolist()))
+            step_started = time.perf_counter()
+            frames += 1
+            if last or self._interrupted_at is not None:
+                break
+            if delta is not None:
+                yield delta
         return frames, thinker_done
 
     def _text_input(self, ids: list[int]) -> torch.Tensor:
@@ -481,23 +497,16 @@ class Conversation:
 
     def _text_ahead(self, previous: int) -> Callable[[], int]:
         """Start decoding the token after `previous`; call the result for it. With CUDA graphs the step runs on a
-        side stream, next to whatever the main stream does until then (the Talker, the code predictor, Code2Wav)."""
+        side stream, next to whatever the main stream does until then (the code predictor, Code2Wav); that stream
+        was made to wait for the Thinker's prefill when the answer started."""
         if self._side_stream is None:
             token = self._decode_text(previous)
             return lambda: token
-        self._side_stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._side_stream):
             ids = torch.tensor([[previous]], device=self.core.device)
             logits = replay_at(self._thinker_step, self.cache, 1, ids)
-            self._token_host.copy_(choose(logits, self.options.thinker_sampling, self.generator).view(1),
-                                   non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-
-        def result() -> int:
-            done.synchronize()
-            return int(self._token_host[0])
-        return result
+            self._token.start(choose(logits, self.options.thinker_sampling, self.generator).view(1))
+        return lambda: int(self._token.get()[0])
 
     def _decode_text(self, previous: int) -> int:
         ids = torch.tensor([[previous]], device=self.core.device)

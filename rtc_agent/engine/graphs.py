@@ -42,6 +42,26 @@ class CapturedStep:
         return self.outputs
 
 
+class HostCopy:
+    """A device value brought to the host without waiting for the work queued after it: `start` queues a copy
+    into pinned memory on the current stream and marks it with an event; `get` waits for that event alone."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(shape, dtype=dtype, pin_memory=cuda)
+        self.event = torch.cuda.Event() if cuda else None
+
+    def start(self, value: torch.Tensor) -> None:
+        self.host.copy_(value, non_blocking=self.event is not None)
+        if self.event is not None:
+            self.event.record()
+
+    def get(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+
 PREFILL_GRAPH_POSITIONS = 32  # one graphed prefill covers a 1 s audio chunk (13 tokens) plus turn markers
 
 

@@ -31,19 +31,19 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, devi
 
 
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None,
-           previous: torch.Tensor | None = None, suppress: torch.Tensor | None = None,
+           seen: torch.Tensor | None = None, suppress: torch.Tensor | None = None,
            noise: torch.Tensor | None = None) -> torch.Tensor:
     """Pick one token id per row of `logits` [rows, vocab]; returns a LongTensor [rows] on the logits' device.
 
-    Sampling draws through the Gumbel-max trick, so it is free of host synchronisation and can run inside a CUDA
-    graph when `noise` (from `gumbel_noise`) is given instead of `generator`."""
+    `seen` (bool, like `logits`) marks the ids the repetition penalty applies to, `suppress` (bool, broadcastable)
+    the ids never chosen. Sampling draws through the Gumbel-max trick, so it is free of host synchronisation and
+    can run inside a CUDA graph when `noise` (from `gumbel_noise`) is given instead of `generator`."""
     scores = logits.float()
-    if previous is not None and previous.numel() and sampling.repetition_penalty != 1.0:
-        seen = scores.gather(1, previous)
-        seen = torch.where(seen < 0, seen * sampling.repetition_penalty, seen / sampling.repetition_penalty)
-        scores = scores.scatter(1, previous, seen)
+    if seen is not None and sampling.repetition_penalty != 1.0:
+        penalised = torch.where(scores < 0, scores * sampling.repetition_penalty, scores / sampling.repetition_penalty)
+        scores = torch.where(seen, penalised, scores)
     if suppress is not None:
-        scores = scores.index_fill(1, suppress, float("-inf"))
+        scores = scores.masked_fill(suppress, float("-inf"))
     if sampling.greedy:
         return scores.argmax(dim=-1)
     scores = scores / sampling.temperature
