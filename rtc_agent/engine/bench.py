@@ -128,7 +128,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
         "fast_norm": norm.active(engine.model), "fast_rotary": rotary.active(engine.model), "ttfp_ms": _percentiles(ttfp),
-        "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2), "frame_ms": _percentiles(frame_ms),
+        "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2),
+        "ttft_ms": _percentiles([ms for caller in callers for ms in caller["ttft"]]),
+        "frame_ms": _percentiles(frame_ms),
         "rtf": round(max(rtf), 3) if rtf else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,
     }
@@ -145,7 +147,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _caller(session, args: argparse.Namespace, width: int, height: int, index: int) -> dict[str, Any]:
     """One caller's turns: audio (and camera) pushed in 20 ms pieces as the call server does, then the answer."""
-    ttfp, frame_ms, busy_s, audio_s = [], [], 0.0, 0.0
+    ttfp, ttft, frame_ms, busy_s, audio_s = [], [], [], 0.0, 0.0
     clock = 0.0  # the session's media clock
     for turn in range(args.turns):
         audio = _caller_turn(args.turn_s, seed=turn + 100 * index)
@@ -165,12 +167,13 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
                 made += 1
             elif isinstance(event, ResponseDone):
                 ttfp.append(event.metrics["ttfp_ms"])
+                ttft += [event.metrics["ttft_ms"]] if "ttft_ms" in event.metrics else []  # none: no text
                 frame_ms += [event.metrics["frame_ms_p50"]] if "frame_ms_p50" in event.metrics else []
         busy_s += time.perf_counter() - turn_started
         audio_s += made * FRAME_S
         if not args.json:
             print(f"session {index} turn {turn}: ttfp {ttfp[-1]:.1f} ms, {made} frames", flush=True)
-    return {"ttfp": ttfp, "frame_ms": frame_ms, "busy_s": busy_s, "audio_s": audio_s}
+    return {"ttfp": ttfp, "ttft": ttft, "frame_ms": frame_ms, "busy_s": busy_s, "audio_s": audio_s}
 
 
 def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:

@@ -30,20 +30,27 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, devi
     return -torch.log(-torch.log(uniform))
 
 
-def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None,
-           seen: torch.Tensor | None = None, suppress: torch.Tensor | None = None,
-           noise: torch.Tensor | None = None) -> torch.Tensor:
-    """Pick one token id per row of `logits` [rows, vocab]; returns a LongTensor [rows] on the logits' device.
-
-    `seen` (bool, like `logits`) marks the ids the repetition penalty applies to, `suppress` (bool, broadcastable)
-    the ids never chosen. Sampling draws through the Gumbel-max trick, so it is free of host synchronisation and
-    can run inside a CUDA graph when `noise` (from `gumbel_noise`) is given instead of `generator`."""
+def penalised_scores(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None,
+                     suppress: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 scores a greedy choice takes the argmax of: the repetition penalty on `seen` ids (bool, like
+    `logits`), then -inf on `suppress`ed ones (bool, broadcastable)."""
     scores = logits.float()
     if seen is not None and sampling.repetition_penalty != 1.0:
         penalised = torch.where(scores < 0, scores * sampling.repetition_penalty, scores / sampling.repetition_penalty)
         scores = torch.where(seen, penalised, scores)
     if suppress is not None:
         scores = scores.masked_fill(suppress, float("-inf"))
+    return scores
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None,
+           seen: torch.Tensor | None = None, suppress: torch.Tensor | None = None,
+           noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Pick one token id per row of `logits` [rows, vocab]; returns a LongTensor [rows] on the logits' device.
+
+    `seen` and `suppress` as in `penalised_scores`. Sampling draws through the Gumbel-max trick, so it is free of host synchronisation and
+    can run inside a CUDA graph when `noise` (from `gumbel_noise`) is given instead of `generator`."""
+    scores = penalised_scores(logits, sampling, seen, suppress)
     if sampling.greedy:
         return scores.argmax(dim=-1)
     scores = scores / sampling.temperature
