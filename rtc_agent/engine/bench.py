@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import attention, audio_input, moe, norm, rotary
+from . import attention, audio_input, moe, norm, rotary, sampling
 from .engine import Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import EngineOptions, SessionOptions
@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fast-norm", action="store_true", help="the library's RMSNorm (norm.py)")
     parser.add_argument("--no-fast-rotary", action="store_true",
                         help="the library's q/k norm, rotary embedding and cache write in graphed steps (rotary.py)")
+    parser.add_argument("--no-fast-sampling", action="store_true",
+                        help="the Talker's and code predictor's draws as separate kernels (sampling.py)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="the Thinker's next token after each frame, not next to it on a side stream")
     parser.add_argument("--video-s", type=float, default=0.0,
@@ -104,6 +106,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                                        max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs,
                                        fast_moe=not args.no_fast_moe, fast_attention=not args.no_fast_attention,
                                        fast_norm=not args.no_fast_norm, fast_rotary=not args.no_fast_rotary,
+                                       fast_sampling=not args.no_fast_sampling,
                                        overlap=not args.no_overlap, video_window_s=window,
                                        context_tokens=args.context_tokens or
                                        max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
@@ -127,8 +130,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "turns": args.turns, "turn_s": args.turn_s, "system_tokens": args.system_tokens,
         "prefill_chunk_s": args.prefill_chunk_s, "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
-        "fast_norm": norm.active(engine.model), "fast_rotary": rotary.active(engine.model), "ttfp_ms": _percentiles(ttfp),
+        "fast_norm": norm.active(engine.model), "fast_rotary": rotary.active(engine.model),
+        "fast_sampling": sampling.fused_active(engine.options.fast_sampling, engine.device),
+        "ttfp_ms": _percentiles(ttfp),
         "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2),
+        "ttfp_ms_turns": [round(ms, 1) for ms in callers[0]["ttfp"]], "ttft_ms_turns": [round(ms, 1) for ms in callers[0]["ttft"]],
         "ttft_ms": _percentiles([ms for caller in callers for ms in caller["ttft"]]),
         "frame_ms": _percentiles(frame_ms),
         "rtf": round(max(rtf), 3) if rtf else None, "startup_s": round(ready - started, 1),
@@ -179,14 +185,14 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
 def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:
     """Median cost of each stage of one steady-state frame, host synchronisation included."""
     engine, talker = conversation.core, conversation.talker
-    sampling = conversation.options
+    options = conversation.options
     text = engine.tts["pad"]
     codes = torch.zeros(engine.model.config.talker_config.num_code_groups, dtype=torch.long, device=engine.device)
     stages = {
         "thinker_token": lambda: conversation._decode_text(0),
-        "talker_step": lambda: (talker.step(codes, text, sampling.talker_sampling, conversation.generator),
+        "talker_step": lambda: (talker.step(codes, text, options.talker_sampling, conversation.generator),
                                 talker.code0_value()),
-        "code_predictor_15": lambda: talker.frame_codes(codes[:1].view(1, 1), sampling.predictor_sampling,
+        "code_predictor_15": lambda: talker.frame_codes(codes[:1].view(1, 1), options.predictor_sampling,
                                                         conversation.generator).tolist(),
         "code2wav_frame": lambda: (conversation.code2wav.push(codes).cpu(),
                                    conversation.code2wav.cache.crop(conversation.code2wav.cache.length - 1)),

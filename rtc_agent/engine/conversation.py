@@ -18,7 +18,7 @@ from .graphs import CapturedStep, HostCopy, PaddedPrefill, replay_at
 from .kv_cache import StaticKVCache
 from .layout import Piece, TurnLayout
 from .options import SessionOptions
-from .sampling import choose
+from .sampling import choose, fused_active
 from .stack import explicit_positions, run_stack
 from .talker import TalkerState
 
@@ -111,7 +111,8 @@ class Conversation:
         self.cache = StaticKVCache.for_config(thinker_cfg, core.options.context_tokens, core.dtype, core.device)
         graphs = core.cuda_graphs
         talker_len = core.options.context_tokens + core.options.max_frames + 16
-        self.talker = TalkerState(core.model, talker_len, graphs) if core.speech else None
+        fused = fused_active(core.options.fast_sampling, core.device)
+        self.talker = TalkerState(core.model, talker_len, graphs, fused) if core.speech else None
         if self.talker is not None and graphs:
             self.talker.capture(options.talker_sampling, options.predictor_sampling)
         self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1, graphs=graphs) if core.speech else None

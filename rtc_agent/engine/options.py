@@ -33,6 +33,7 @@ class EngineOptions:
     fast_attention: bool = True  # one-position attention as matmuls for decode (attention.py; CUDA only)
     fast_norm: bool = True  # every RMSNorm as one fused kernel (norm.py; CUDA with Triton only)
     fast_rotary: bool = True  # q/k norm, rotary and cache write of graphed steps in one kernel (rotary.py)
+    fast_sampling: bool = True  # the Talker's and code predictor's draws in one kernel (sampling.py; CUDA)
     overlap: bool = True  # the Thinker's next token on a side stream while a frame is made (CUDA graphs only)
 
     def __post_init__(self) -> None:

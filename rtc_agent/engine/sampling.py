@@ -45,14 +45,25 @@ def penalised_scores(logits: torch.Tensor, sampling: Sampling, seen: torch.Tenso
 
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None,
            seen: torch.Tensor | None = None, suppress: torch.Tensor | None = None,
-           noise: torch.Tensor | None = None) -> torch.Tensor:
+           noise: torch.Tensor | None = None, fused: bool = False) -> torch.Tensor:
     """Pick one token id per row of `logits` [rows, vocab]; returns a LongTensor [rows] on the logits' device.
 
-    `seen` and `suppress` as in `penalised_scores`. Sampling draws through the Gumbel-max trick, so it is free of host synchronisation and
-    can run inside a CUDA graph when `noise` (from `gumbel_noise`) is given instead of `generator`."""
+    `seen` and `suppress` as in `penalised_scores`. Sampling draws through the Gumbel-max trick, so it is free of
+    host synchronisation and can run inside a CUDA graph when `noise` (from `gumbel_noise`) is given instead of
+    `generator`. `fused`: draw with `sample_triton` (one kernel) where it applies (CUDA, Triton, vocabularies up to
+    `FUSED_MAX_VOCAB`)."""
     scores = penalised_scores(logits, sampling, seen, suppress)
     if sampling.greedy:
         return scores.argmax(dim=-1)
+    if noise is None:
+        noise = gumbel_noise(scores.shape, generator, scores.device)
+    if fused and fused_active(True, scores.device) and scores.shape[-1] <= FUSED_MAX_VOCAB:
+        return sample_triton(scores, sampling, noise)
+    return sample_torch(scores, sampling, noise)
+
+
+def sample_torch(scores: torch.Tensor, sampling: Sampling, noise: torch.Tensor) -> torch.Tensor:
+    """Temperature, top-k, top-p (transformers' order), then argmax(scores + Gumbel noise)."""
     scores = scores / sampling.temperature
     if sampling.top_k:
         kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
@@ -62,6 +73,66 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
         cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
         drop = cumulative - sorted_scores.softmax(dim=-1) > sampling.top_p  # keep the smallest set reaching top_p
         scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, float("-inf")))
-    if noise is None:
-        noise = gumbel_noise(scores.shape, generator, scores.device)
     return (scores + noise).argmax(dim=-1)
+
+
+FUSED_MAX_VOCAB = 8192  # the Talker's 3072 codes and the predictor's 2048; the Thinker's 152k keep `sample_torch`
+
+
+def sample_triton(scores: torch.Tensor, sampling: Sampling, noise: torch.Tensor) -> torch.Tensor:
+    """`sample_torch` in one kernel, one program per row (why: on a 2048-code row its topk, sort, two softmaxes,
+    cumsum and scatter are a dozen kernels, about 110 us of each code-predictor step on the H200). The kept set is
+    the same except among scores tied at the top-p boundary, where `torch.sort`'s order decides which go and
+    here all stay."""
+    rows, vocab = scores.shape
+    out = torch.empty(rows, dtype=torch.long, device=scores.device)
+    block = triton.next_power_of_2(vocab)
+    _KERNEL[(rows,)](scores.contiguous(), noise.expand(rows, vocab).contiguous(), out, vocab,
+                     sampling.temperature, sampling.top_p, K=min(sampling.top_k, vocab), BLOCK=block,
+                     TOP_P=sampling.top_p < 1.0, num_warps=4 if block <= 2048 else 8)
+    return out
+
+
+def fused_active(enabled: bool, device: torch.device) -> bool:
+    """Whether draws on `device` take `sample_triton` when `enabled`."""
+    return enabled and device.type == "cuda" and _KERNEL is not None
+
+
+def _kernel():
+    """The kernel, or None where Triton is not installed."""
+    return _KERNEL
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: `sample_torch` everywhere
+    triton = None
+
+_KERNEL = None
+if triton is not None:
+    @triton.jit
+    def sample_kernel(scores_ptr, noise_ptr, out_ptr, vocab, temperature, top_p, K: tl.constexpr,
+                      BLOCK: tl.constexpr, TOP_P: tl.constexpr):
+        """One row: scores / temperature; the top-K threshold (ties to the K-th score kept, as `masked_fill(scores
+        < kth)` keeps them); the top-p threshold from the sorted kept scores (softmax, cumulative sum, keep the
+        smallest prefix reaching top_p); argmax of the kept scores plus the noise."""
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        ok = offs < vocab
+        x = tl.load(scores_ptr + row * vocab + offs, mask=ok, other=float("-inf")) / temperature
+        if K > 0:
+            ordered = tl.sort(x, 0, descending=True)
+            kth = tl.max(tl.where(offs == K - 1, ordered, float("-inf")), 0)
+            x = tl.where(x < kth, float("-inf"), x)
+        if TOP_P:
+            ordered = tl.sort(x, 0, descending=True)
+            weights = tl.exp(ordered - tl.max(ordered, 0))
+            probs = weights / tl.sum(weights, 0)
+            drop = tl.cumsum(probs, 0) - probs > top_p
+            lowest_kept = tl.min(tl.where(drop, float("inf"), ordered), 0)
+            x = tl.where(x < lowest_kept, float("-inf"), x)
+        noise = tl.load(noise_ptr + row * vocab + offs, mask=ok, other=0.0)
+        tl.store(out_ptr + row, tl.argmax(x + noise, 0).to(tl.int64))
+
+    _KERNEL = sample_kernel

@@ -17,7 +17,7 @@ class TalkerState:
     Code2Wav and the next Talker step as a device tensor. Code 0 travels to the host beside that work
     (`code0_value`), for the end-of-speech check."""
 
-    def __init__(self, model, max_len: int, graphs: bool = False) -> None:
+    def __init__(self, model, max_len: int, graphs: bool = False, fused_sampling: bool = False) -> None:
         self.talker = model.talker
         self.config = model.config.talker_config
         param = next(self.talker.parameters())
@@ -38,6 +38,7 @@ class TalkerState:
         self._prefill: PaddedPrefill | None = None
         self._predictor_graphs: dict[Sampling, CapturedStep] = {}
         self.graphs = graphs
+        self.fused_sampling = fused_sampling  # draws with sampling.sample_triton (CUDA)
         if graphs:
             self._prefill = PaddedPrefill(lambda e: self._talker_logits(e, graph_mode=True), self.cache,
                                           self.config.text_config.hidden_size, param.dtype)
@@ -88,7 +89,8 @@ class TalkerState:
 
     def _choose_code0(self, logits: torch.Tensor, sampling: Sampling, noise: torch.Tensor) -> torch.Tensor:
         """Code 0 [1, 1] from the Talker's logits at one position, on the device; it joins the penalty's history."""
-        code0 = choose(logits, sampling, seen=self.seen, suppress=self.suppress, noise=noise.view(1, -1)).view(1, 1)
+        code0 = choose(logits, sampling, seen=self.seen, suppress=self.suppress, noise=noise.view(1, -1),
+                       fused=self.fused_sampling).view(1, 1)
         self.seen.scatter_(1, code0, True)
         return code0
 
@@ -114,7 +116,8 @@ class TalkerState:
             if graph_mode:
                 cache.position.fill_(0 if group == 0 else group + 1)
             hidden, _ = run_stack(predictor.model, embeds, cache, mrope=False, graph_mode=graph_mode)
-            code = choose(predictor.lm_head[group](hidden[:, -1]), sampling, noise=noise[group:group + 1]).view(1, 1)
+            code = choose(predictor.lm_head[group](hidden[:, -1]), sampling, noise=noise[group:group + 1],
+                          fused=self.fused_sampling).view(1, 1)
             codes.append(code)
         return torch.cat(codes, dim=1)[0]
 
