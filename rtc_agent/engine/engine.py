@@ -87,10 +87,13 @@ class Engine:
         return Session(self, options)
 
     async def warmup(self) -> None:
-        """Run one short turn end to end so the first caller pays no first-use costs; then `ready` is True."""
+        """Run one short turn end to end so the first caller pays no first-use costs; then `ready` is True.
+
+        The turn samples as callers do (their draws' kernels are loaded on first use, milliseconds on a GPU) and is
+        a prefill chunk plus a tail, the two ways caller audio reaches the Thinker."""
         started = time.perf_counter()
-        session = self.new_session(SessionOptions(greedy=True, seed=0, max_answer_tokens=4, max_frames=4))
-        await session.push_audio(np.zeros(INPUT_SAMPLE_RATE, dtype=np.float32))
+        session = self.new_session(SessionOptions(seed=0, max_answer_tokens=4, max_frames=4))
+        await session.push_audio(np.zeros(int(INPUT_SAMPLE_RATE * 1.37), dtype=np.float32))
         async for _ in session.respond():
             pass
         await session.close()

@@ -50,14 +50,14 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
 
     `seen` and `suppress` as in `penalised_scores`. Sampling draws through the Gumbel-max trick, so it is free of
     host synchronisation and can run inside a CUDA graph when `noise` (from `gumbel_noise`) is given instead of
-    `generator`. `fused`: draw with `sample_triton` (one kernel) where it applies (CUDA, Triton, vocabularies up to
-    `FUSED_MAX_VOCAB`)."""
+    `generator`. `fused`: draw with `sample_triton` (one kernel) where it pays: a top-p cut (top-k alone is four
+    kernels anyway), on CUDA with Triton, vocabularies up to `FUSED_MAX_VOCAB`."""
     scores = penalised_scores(logits, sampling, seen, suppress)
     if sampling.greedy:
         return scores.argmax(dim=-1)
     if noise is None:
         noise = gumbel_noise(scores.shape, generator, scores.device)
-    if fused and fused_active(True, scores.device) and scores.shape[-1] <= FUSED_MAX_VOCAB:
+    if fused and sampling.top_p < 1.0 and fused_active(True, scores.device) and scores.shape[-1] <= FUSED_MAX_VOCAB:
         return sample_triton(scores, sampling, noise)
     return sample_torch(scores, sampling, noise)
 
@@ -76,14 +76,14 @@ def sample_torch(scores: torch.Tensor, sampling: Sampling, noise: torch.Tensor) 
     return (scores + noise).argmax(dim=-1)
 
 
-FUSED_MAX_VOCAB = 8192  # the Talker's 3072 codes and the predictor's 2048; the Thinker's 152k keep `sample_torch`
+FUSED_MAX_VOCAB = 8192  # the code predictor's 2048 codes; the Thinker's 152k keep `sample_torch`
 
 
 def sample_triton(scores: torch.Tensor, sampling: Sampling, noise: torch.Tensor) -> torch.Tensor:
-    """`sample_torch` in one kernel, one program per row (why: on a 2048-code row its topk, sort, two softmaxes,
-    cumsum and scatter are a dozen kernels, about 110 us of each code-predictor step on the H200). The kept set is
-    the same except among scores tied at the top-p boundary, where `torch.sort`'s order decides which go and
-    here all stay."""
+    """`sample_torch` in one kernel, one program per row, one sort (why: on a 2048-code row its topk, sort, two
+    softmaxes, cumsum and scatter are a dozen kernels, about 110 us of each code-predictor step on the H200). The
+    kept set is the same except among scores tied at the top-p boundary, where `torch.sort`'s order decides which
+    go and here all stay."""
     rows, vocab = scores.shape
     out = torch.empty(rows, dtype=torch.long, device=scores.device)
     block = triton.next_power_of_2(vocab)
@@ -121,12 +121,12 @@ if triton is not None:
         offs = tl.arange(0, BLOCK)
         ok = offs < vocab
         x = tl.load(scores_ptr + row * vocab + offs, mask=ok, other=float("-inf")) / temperature
+        ordered = tl.sort(x, 0, descending=True)
         if K > 0:
-            ordered = tl.sort(x, 0, descending=True)
             kth = tl.max(tl.where(offs == K - 1, ordered, float("-inf")), 0)
             x = tl.where(x < kth, float("-inf"), x)
+            ordered = tl.where(ordered < kth, float("-inf"), ordered)  # still in order: the cut is a suffix
         if TOP_P:
-            ordered = tl.sort(x, 0, descending=True)
             weights = tl.exp(ordered - tl.max(ordered, 0))
             probs = weights / tl.sum(weights, 0)
             drop = tl.cumsum(probs, 0) - probs > top_p
