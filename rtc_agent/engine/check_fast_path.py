@@ -69,7 +69,7 @@ class _Forced:
         def thinker(logits, sampling, *args, **kwargs):
             return self.choose("thinker", logits, sampling)
 
-        def talker(logits, sampling, generator=None, seen=None, suppress=None, noise=None):
+        def talker(logits, sampling, generator=None, seen=None, suppress=None, noise=None, fused=False):
             return self.choose("code0" if seen is not None else "predictor", logits, sampling, seen, suppress)
 
         conversation_module.choose, talker_module.choose = thinker, talker
