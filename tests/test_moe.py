@@ -71,7 +71,7 @@ import sys, torch
 sys.path.insert(0, {tests!r})
 from test_moe import max_differences
 from rtc_agent.engine import moe
-assert moe._triton() is not None
+assert moe._KERNELS is not None
 paths = (lambda b, x: moe.moe_forward(b, x, moe.experts_triton), moe.fused_forward)  # library router; fused
 print(*(max(max_differences(dtype, path)) for path in paths for dtype in (torch.float32, torch.bfloat16)))
 """

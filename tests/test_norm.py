@@ -74,7 +74,7 @@ def test_install_keeps_library_path_off_cuda():
     x = torch.randn(1, 3, first.weight.shape[0])
     with torch.inference_mode():
         assert torch.equal(first(x), first._library_forward(x))  # CPU: the patched forward is the library's
-    assert not norm.active(model) or norm._kernel() is not None
+    assert not norm.active(model) or norm._KERNEL is not None
     with norm.library_norm(model):
         assert not any(m._fast_path for m in _norms(model))
     assert all(m._fast_path for m in _norms(model))
@@ -87,7 +87,7 @@ import sys, torch
 sys.path.insert(0, {tests!r})
 from test_norm import max_differences
 from rtc_agent.engine import norm
-assert norm._kernel() is not None
+assert norm._KERNEL is not None
 print(*(max(max_differences(dtype, norm.rms_norm_triton)) for dtype in (torch.float32, torch.bfloat16)))
 weight, x = 1.0 + torch.randn(64), torch.randn(3, 2, 64).to(torch.bfloat16)  # fp32 weight, bf16 input: fp32 out
 mixed = norm.rms_norm_triton(x, weight, 1e-6)

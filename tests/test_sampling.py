@@ -39,8 +39,9 @@ def test_fused_is_not_taken_off_cuda():
 
 _INTERPRETER_CHECK = """
 import torch
-from rtc_agent.engine.sampling import Sampling, gumbel_noise, sample_torch, sample_triton, _kernel
-assert _kernel() is not None
+from rtc_agent.engine import sampling
+from rtc_agent.engine.sampling import Sampling, gumbel_noise, sample_torch, sample_triton
+assert sampling._KERNEL is not None
 settings = {settings}
 generator = torch.Generator().manual_seed(0)
 mismatches = draws = 0

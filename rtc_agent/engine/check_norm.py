@@ -97,7 +97,7 @@ def main() -> int:
     parser.add_argument("--positions", default="1,32", help="position counts to time, comma-separated")
     args = parser.parse_args()
     device = torch.device("cuda")
-    assert norm._kernel() is not None, "Triton is not installed"
+    assert norm._KERNEL is not None, "Triton is not installed"
     stacks = released_norms(device, torch.bfloat16)
     generator = torch.Generator(device=device).manual_seed(1)
     report: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device),

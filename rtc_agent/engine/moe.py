@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import fast_path
+from .triton_support import rounded, tl, triton
 
 # Tile sizes per (hidden, intermediate, top_k): from a sweep on the H200 (docs/PERFORMANCE.md); others use DEFAULT.
 # Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps).
@@ -169,29 +170,8 @@ def _launch(experts, x, top_k, logits=None, norm=True, selected=None, weights=No
     return out
 
 
-def _triton():
-    """The kernels, or None where Triton is not installed."""
-    return _KERNELS
-
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the library's path is used everywhere
-    triton = None
-
-_KERNELS = None
+_KERNELS = None  # the two kernels, where Triton is installed
 if triton is not None:
-    @triton.jit
-    def _rounded(x, dtype: tl.constexpr):
-        """fp32 `x` rounded to `dtype` (to nearest even) and back to fp32. bf16 by bit arithmetic, which Triton's
-        CPU interpreter also runs exactly (its own bf16 cast truncates)."""
-        if dtype == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-            return bits.to(tl.float32, bitcast=True)
-        else:
-            return x.to(dtype).to(tl.float32)
 
     @triton.jit
     def _route(logits_row, slot, E: tl.constexpr, TOP_K: tl.constexpr, NORM: tl.constexpr):
@@ -230,9 +210,9 @@ if triton is not None:
             wu = tl.load(up_rows + cols[None, :], mask=ok, other=0.0).to(tl.float32)
             acc_gate += tl.sum(wg * xv[None, :], axis=1)
             acc_up += tl.sum(wu * xv[None, :], axis=1)
-        gate = _rounded(acc_gate, dtype)
-        act = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)
-        return _rounded(act * _rounded(acc_up, dtype), dtype)
+        gate = rounded(acc_gate, dtype)
+        act = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+        return rounded(act * rounded(acc_up, dtype), dtype)
 
     @triton.jit
     def _rows_dot(w_rows, v_row, row_ok, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -261,7 +241,7 @@ if triton is not None:
                 expert, weight = _route(logits_ptr + token.to(tl.int64) * E, pair % TOP_K, E, TOP_K, NORM)
                 if block == 0:
                     tl.store(ids_ptr + pair, expert.to(tl.int32))
-                    tl.store(routing_ptr + pair, _rounded(weight, dtype).to(dtype))
+                    tl.store(routing_ptr + pair, rounded(weight, dtype).to(dtype))
             else:
                 expert = tl.load(ids_ptr + pair)
             if block * BLOCK_N < I:
@@ -294,8 +274,8 @@ if triton is not None:
             scale = tl.load(routing_ptr + pair).to(tl.float32)
             w_rows = w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * I
             acc = _rows_dot(w_rows, h_ptr + pair.to(tl.int64) * I, row_ok, I, BLOCK_N, BLOCK_K)
-            total += _rounded(_rounded(acc, dtype) * scale, dtype)
-        result = _rounded(total, dtype)
+            total += rounded(rounded(acc, dtype) * scale, dtype)
+        result = rounded(total, dtype)
         if SHARED:  # out = routed + sigmoid(x . shared_gate) * shared_down(h_shared), as the Talker's block does
             acc = _rows_dot(s_down_ptr + rows[:, None].to(tl.int64) * IS, hs_ptr + token.to(tl.int64) * IS,
                             row_ok, IS, BLOCK_N, BLOCK_K)
@@ -306,9 +286,9 @@ if triton is not None:
                 xv = tl.load(x_ptr + token.to(tl.int64) * H + cols, mask=col_ok, other=0.0).to(tl.float32)
                 gv = tl.load(s_router_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
                 gate_dot += xv * gv
-            gate = _rounded(tl.sum(gate_dot, axis=0), dtype)
-            sigmoid = _rounded(1.0 / (1.0 + tl.exp(-gate)), dtype)
-            result = _rounded(result + _rounded(sigmoid * _rounded(acc, dtype), dtype), dtype)
+            gate = rounded(tl.sum(gate_dot, axis=0), dtype)
+            sigmoid = rounded(1.0 / (1.0 + tl.exp(-gate)), dtype)
+            result = rounded(result + rounded(sigmoid * rounded(acc, dtype), dtype), dtype)
         tl.store(out_ptr + token.to(tl.int64) * H + rows, result.to(dtype), mask=row_ok)
 
     _KERNELS = types.SimpleNamespace(gate_up=gate_up_kernel, down=down_kernel)

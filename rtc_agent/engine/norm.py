@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from . import fast_path
+from .triton_support import rounded, tl, triton
 
 # The library's RMSNorm classes in modeling_qwen3_omni_moe (all with the forward above). The vision and audio
 # encoders' LayerNorms are not among them.
@@ -82,20 +83,8 @@ def rms_norm_triton(hidden_states: torch.Tensor, weight: torch.Tensor, eps: floa
     return out
 
 
-def _kernel():
-    """The kernel, or None where Triton is not installed."""
-    return _KERNEL
-
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the library's path is used everywhere
-    triton = None
-
-_KERNEL = None
+_KERNEL = None  # where Triton is installed
 if triton is not None:
-    from .moe import _rounded  # the MoE kernels' bf16 rounding, exact under Triton's interpreter too
 
     @triton.jit(do_not_specialize=["rows"])
     def rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, eps, N: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -109,9 +98,9 @@ if triton is not None:
         offsets = row[:, None].to(tl.int64) * N + col[None, :]
         x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
         variance = tl.sum(x * x, axis=1) * (1.0 / N)  # CUDA's mean multiplies by 1/N
-        normalised = _rounded(x * tl.math.rsqrt(variance + eps)[:, None], x_ptr.dtype.element_ty)
+        normalised = rounded(x * tl.math.rsqrt(variance + eps)[:, None], x_ptr.dtype.element_ty)
         weight = tl.load(w_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
-        result = _rounded(normalised * weight[None, :], out_ptr.dtype.element_ty)
+        result = rounded(normalised * weight[None, :], out_ptr.dtype.element_ty)
         tl.store(out_ptr + offsets, result.to(out_ptr.dtype.element_ty), mask=ok)
 
     _KERNEL = rms_norm_kernel

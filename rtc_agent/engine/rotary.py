@@ -23,11 +23,14 @@ runs the kernel itself under Triton's interpreter).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from . import fast_path
 from .kv_cache import StaticKVCache
+from .triton_support import rounded, tl, triton
 
 # The library's attention classes in modeling_qwen3_omni_moe: the Thinker's and Talker's text stacks, the code
 # predictor, Code2Wav's transformer (its q_norm and k_norm are nn.Identity). All share the forward this replaces.
@@ -60,7 +63,10 @@ def library_rotary(model: nn.Module):
     return fast_path.library(model, is_attention)
 
 
-def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+Rotary = tuple[torch.Tensor, torch.Tensor]  # cos, sin [B, T, head_dim]
+
+
+def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Rotary,
                       attention_mask: torch.Tensor | None, past_key_values=None, **kwargs):
     """Forward of a patched attention module: the fused kernel for graph-mode steps on CUDA, the library's
     otherwise."""
@@ -71,8 +77,9 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
     return fused_attention(self, hidden_states, position_embeddings, attention_mask, cache, rotary_triton, **kwargs)
 
 
-def fused_attention(module: nn.Module, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                    attention_mask: torch.Tensor | None, cache: StaticKVCache, rotary=None, **kwargs):
+def fused_attention(module: nn.Module, hidden_states: torch.Tensor, position_embeddings: Rotary,
+                    attention_mask: torch.Tensor | None, cache: StaticKVCache,
+                    rotary: Callable[..., torch.Tensor] | None = None, **kwargs):
     """The library's attention forward for a graph-mode step, with `rotary` (`rotary_triton` by default) in place of
     the norms, the rotary embedding and the cache update."""
     batch, length, _ = hidden_states.shape
@@ -131,20 +138,8 @@ def rotary_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     return query
 
 
-def _kernel():
-    """The kernel, or None where Triton is not installed."""
-    return _KERNEL
-
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the library's path is used everywhere
-    triton = None
-
-_KERNEL = None
+_KERNEL = None  # where Triton is installed
 if triton is not None:
-    from .moe import _rounded  # bf16 rounding by bit arithmetic, exact under Triton's interpreter too
 
     @triton.jit
     def _normed_rotated(row_ptr, w_ptr, cos_ptr, sin_ptr, eps, dtype: tl.constexpr, D: tl.constexpr,
@@ -157,14 +152,14 @@ if triton is not None:
             rstd = tl.math.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) * (1.0 / D) + eps)
             w1 = tl.load(w_ptr + half).to(tl.float32)
             w2 = tl.load(w_ptr + D // 2 + half).to(tl.float32)
-            x1 = _rounded(w1 * _rounded(x1 * rstd, dtype), dtype)
-            x2 = _rounded(w2 * _rounded(x2 * rstd, dtype), dtype)
+            x1 = rounded(w1 * rounded(x1 * rstd, dtype), dtype)
+            x2 = rounded(w2 * rounded(x2 * rstd, dtype), dtype)
         c1 = tl.load(cos_ptr + half).to(tl.float32)
         c2 = tl.load(cos_ptr + D // 2 + half).to(tl.float32)
         s1 = tl.load(sin_ptr + half).to(tl.float32)
         s2 = tl.load(sin_ptr + D // 2 + half).to(tl.float32)
-        out1 = _rounded(_rounded(x1 * c1, dtype) - _rounded(x2 * s1, dtype), dtype)  # rotate_half: (-x2, x1)
-        out2 = _rounded(_rounded(x2 * c2, dtype) + _rounded(x1 * s2, dtype), dtype)
+        out1 = rounded(rounded(x1 * c1, dtype) - rounded(x2 * s1, dtype), dtype)  # rotate_half: (-x2, x1)
+        out2 = rounded(rounded(x2 * c2, dtype) + rounded(x1 * s2, dtype), dtype)
         return out1, out2
 
     @triton.jit(do_not_specialize=["length", "cache_len"])

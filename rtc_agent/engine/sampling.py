@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .triton_support import tl, triton
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -98,18 +100,7 @@ def fused_active(enabled: bool, device: torch.device) -> bool:
     return enabled and device.type == "cuda" and _KERNEL is not None
 
 
-def _kernel():
-    """The kernel, or None where Triton is not installed."""
-    return _KERNEL
-
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: `sample_torch` everywhere
-    triton = None
-
-_KERNEL = None
+_KERNEL = None  # where Triton is installed
 if triton is not None:
     @triton.jit
     def sample_kernel(scores_ptr, noise_ptr, out_ptr, vocab, temperature, top_p, K: tl.constexpr,

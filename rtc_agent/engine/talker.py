@@ -153,7 +153,8 @@ class TalkerState:
         self.seen.zero_()
         hidden, logits = self._run(text + codec)
         self.last_hidden = hidden[:, -1:].clone()
-        return self._code0_out(self._choose_code0(logits[:, -1], sampling, self._noise(sampling, self.suppress.shape[1], generator)))
+        noise = self._noise(sampling, self.suppress.shape[1], generator)
+        return self._code0_out(self._choose_code0(logits[:, -1], sampling, noise))
 
     def step(self, codes: torch.Tensor, text: torch.Tensor, sampling: Sampling, generator) -> torch.Tensor:
         """One Talker step: the last frame's codes [16] plus one text position in, the next frame's code 0 out
