@@ -423,17 +423,17 @@ class Conversation:
             last = frames + 1 >= opts.max_frames
             text, delta = None, None
             if ahead is not None:
-                token = ahead()
+                token = ahead()  # at the frame limit it goes unused: its cache position is cropped with the answer
                 if not last:
                     thinker_done = token == i.im_end
-                if not (last or thinker_done):  # (at the frame limit the token is unused: cropped with the answer)
-                    tokens.append(token)
-                    delta = TextDelta(self.core.tokenizer.decode([token]), token)
-                    # As in stock generate, the answer's last token (EOS, or the one at the length limit) is
-                    # not spoken: tts_eos takes its place.
-                    thinker_done = len(tokens) >= opts.max_answer_tokens
                     if not thinker_done:
-                        text = self._text_input([token])
+                        tokens.append(token)
+                        delta = TextDelta(self.core.tokenizer.decode([token]), token)
+                        # As in stock generate, the answer's last token (EOS, or the one at the length limit) is
+                        # not spoken: tts_eos takes its place.
+                        thinker_done = len(tokens) >= opts.max_answer_tokens
+                        if not thinker_done:
+                            text = self._text_input([token])
             if not last:
                 if text is None:
                     text = self.core.tts["eos"] if text_after_end == 0 else self.core.tts["pad"]

@@ -59,7 +59,7 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
         return scores.argmax(dim=-1)
     if noise is None:
         noise = gumbel_noise(scores.shape, generator, scores.device)
-    if fused and sampling.top_p < 1.0 and fused_active(True, scores.device) and scores.shape[-1] <= FUSED_MAX_VOCAB:
+    if fused_active(fused, scores.device) and sampling.top_p < 1.0 and scores.shape[-1] <= FUSED_MAX_VOCAB:
         return sample_triton(scores, sampling, noise)
     return sample_torch(scores, sampling, noise)
 
