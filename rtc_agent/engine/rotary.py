@@ -78,16 +78,16 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
 
 
 def fused_attention(module: nn.Module, hidden_states: torch.Tensor, position_embeddings: Rotary,
-                    attention_mask: torch.Tensor | None, cache: StaticKVCache,
-                    rotary: Callable[..., torch.Tensor] | None = None, **kwargs):
-    """The library's attention forward for a graph-mode step, with `rotary` (`rotary_triton` by default) in place of
-    the norms, the rotary embedding and the cache update."""
+                    attention_mask: torch.Tensor | None, cache: StaticKVCache, rotary: Callable[..., torch.Tensor],
+                    **kwargs):
+    """The library's attention forward for a graph-mode step, with `rotary` (`rotary_triton`, or `rotary_torch`)
+    in place of the norms, the rotary embedding and the cache update."""
     batch, length, _ = hidden_states.shape
     q, k, v = module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)
     cos, sin = position_embeddings
     norms = None if isinstance(module.q_norm, nn.Identity) else (module.q_norm, module.k_norm)
     keys, values = cache.keys[module.layer_idx], cache.values[module.layer_idx]
-    query = (rotary or rotary_triton)(q, k, v, cos, sin, norms, keys, values, cache.graph_positions)
+    query = rotary(q, k, v, cos, sin, norms, keys, values, cache.graph_positions)
     interface = _attention_interface(module.config._attn_implementation)
     out, weights = interface(module, query, keys, values, attention_mask, dropout=0.0, scaling=module.scaling,
                              sliding_window=module.sliding_window, **kwargs)
