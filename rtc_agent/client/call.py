@@ -15,12 +15,13 @@ import numpy as np
 from ..media.ice import use_host_addresses
 from .camera import SyntheticCamera
 from .microphone import RATE, Microphone, load_audio, speech_spans
-from .peer import RECORD_RATE, Call, ReceivedAudio
+from .peer import RECORD_RATE, Call, CallError, ReceivedAudio
 
 log = logging.getLogger(__name__)
 CONNECT_WARMUP_S = 0.5  # silence before the WAV starts, so the first words are not lost to connection setup
 TAIL_S = 0.3  # after the last answer: its last packets are still on the wire
 ANSWER_PACKET = 3840  # samples (48 kHz) an answer packet decodes to: one 80 ms frame; silence packets are 960
+RETRYABLE = ("server_full", "not_ready")  # 503s that say when to come back (Retry-After)
 GAP_S = 0.12  # answer packets (one per 80 ms) further apart than this on arrival: the caller hears the audio stop
 
 
@@ -30,12 +31,10 @@ async def run_call(url: str, wav: str, *, video: bool = False, record: str | Non
                    ice_host_addresses: tuple[str, ...] = ()) -> dict[str, Any]:
     use_host_addresses(ice_host_addresses)
     samples, spans = load_speech(wav)
-    mic = Microphone()
-    call = Call(url, token=token, voice=voice, instructions=instructions, ice_servers=ice_servers,
-                verify_tls=verify_tls)
     started = time.monotonic()
+    call, mic, _ = await dial(url, video=video, token=token, voice=voice, instructions=instructions,
+                              ice_servers=ice_servers, verify_tls=verify_tls)
     try:
-        await call.connect(mic, SyntheticCamera() if video else None)
         connected_ms = (time.monotonic() - started) * 1000
         mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))
         offset = mic.play(samples)
@@ -51,6 +50,32 @@ async def run_call(url: str, wav: str, *, video: bool = False, record: str | Non
         return report
     finally:
         await call.hang_up()
+
+
+async def dial(url: str, *, video: bool = False, retry_full_s: float = 0.0, **call_kwargs: Any
+               ) -> tuple[Call, Microphone, int]:
+    """A connected call, its microphone, and how many offers it took. A 503 `server_full`/`not_ready` is tried
+    again after its Retry-After while `retry_full_s` lasts (each try a fresh peer connection); other refusals,
+    and the last one, raise CallError."""
+    give_up_at = time.monotonic() + retry_full_s
+    attempts = 0
+    while True:
+        call, mic = Call(url, **call_kwargs), Microphone()
+        attempts += 1
+        try:
+            await call.connect(mic, SyntheticCamera() if video else None)
+            return call, mic, attempts
+        except CallError as exc:
+            await call.close()
+            wait_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
+            if exc.code not in RETRYABLE or time.monotonic() + wait_s > give_up_at:
+                if attempts == 1:
+                    raise
+                raise CallError(exc.status, exc.code, f"{exc.message} ({attempts} tries)", exc.retry_after_s) from exc
+            await asyncio.sleep(wait_s)
+        except BaseException:
+            await call.close()
+            raise
 
 
 def load_speech(wav: str) -> tuple[np.ndarray, list[tuple[int, int]]]:

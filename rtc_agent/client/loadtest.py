@@ -18,13 +18,12 @@ import aiohttp
 import numpy as np
 
 from ..media.ice import use_host_addresses
-from .call import CONNECT_WARMUP_S, GAP_S, TAIL_S, connection_gone, load_speech, turn_report
+from .call import CONNECT_WARMUP_S, GAP_S, TAIL_S, connection_gone, dial, load_speech, turn_report
 from .microphone import RATE, Microphone
 from .peer import Call, CallError
 
 DEFAULT_SENTENCE = "What is the weather like in Paris today?"
 PAUSE_S = 1.0  # after an answer ends, before the caller speaks again
-RETRYABLE = ("server_full", "not_ready")  # 503s that say when to come back (Retry-After)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,45 +99,25 @@ async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spa
     """One caller from dialling to hanging up. Its failures end up in its result, never in another caller's."""
     await asyncio.sleep(delay_s)
     result: dict[str, Any] = {"caller": index, "session_id": None, "started_s": round(delay_s, 3),
-                              "connected_ms": None, "attempts": 0, "turns": [], "failure": None}
+                              "connected_ms": None, "attempts": None, "turns": [], "failure": None}
     call: Call | None = None
     try:
         started = time.monotonic()
-        call, mic = await _connect(url, settings.retry_full_s, call_kwargs, result)
+        call, mic, result["attempts"] = await dial(url, retry_full_s=settings.retry_full_s, **call_kwargs)
         result["session_id"] = call.session_id
         result["connected_ms"] = round((time.monotonic() - started) * 1000, 1)
         result["failure"] = await _converse(call, mic, samples, spans, settings, result["turns"])
     except CallError as exc:
         result["failure"] = {"code": exc.code, "status": exc.status, "message": exc.message,
                              "retry_after_s": exc.retry_after_s}
-    except (OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except asyncio.TimeoutError:
+        result["failure"] = {"code": "connect_timeout", "message": "the call's data channel never opened (ICE/DTLS)"}
+    except (OSError, aiohttp.ClientError) as exc:
         result["failure"] = {"code": "connect_error", "message": f"{type(exc).__name__}: {exc}"}
     finally:
         if call is not None:
             await call.hang_up()
     return result
-
-
-async def _connect(url: str, retry_s: float, call_kwargs: dict[str, Any], result: dict[str, Any]
-                   ) -> tuple[Call, Microphone]:
-    """A connected call and its microphone; a 503 server_full/not_ready is retried after its Retry-After while
-    `retry_s` lasts (each try with a fresh peer connection)."""
-    give_up_at = time.monotonic() + retry_s
-    while True:
-        call, mic = Call(url, **call_kwargs), Microphone()
-        result["attempts"] += 1
-        try:
-            await call.connect(mic)
-            return call, mic
-        except CallError as exc:
-            await call.close()
-            wait_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
-            if exc.code not in RETRYABLE or time.monotonic() + wait_s > give_up_at:
-                raise
-            await asyncio.sleep(wait_s)
-        except BaseException:
-            await call.close()
-            raise
 
 
 async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: list[tuple[int, int]],
@@ -241,14 +220,16 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     s = report["settings"]
     print(f"{s['callers']} callers on {report['url']} (ramp {s['ramp_s']:g} s), each saying {report['utterances']} "
           f"utterance(s) x {s['turns']}; latencies are P50/P90 in ms")
-    print(f"{'caller':>6} {'session':<18} {'connect':>8} {'answered':>9} {'heard':>11} {'server ttfp':>12} "
+    print(f"{'caller':>6} {'session':<18} {'connect':>16} {'answered':>9} {'heard':>11} {'server ttfp':>12} "
           f"{'late':>5} {'dropped':>8} {'gaps':>5}  failure")
     for c in report["callers"]:
         m, f = c["summary"], c["failure"]
         connect = "-" if c["connected_ms"] is None else f"{c['connected_ms']:.0f} ms"
+        if (c["attempts"] or 1) > 1:
+            connect += f" ({c['attempts']} tries)"
         why = "" if not f else f"{f['code']}: {f['message']}" + (
             f" (Retry-After {f['retry_after_s']:g} s)" if f.get("retry_after_s") is not None else "")
-        print(f"{c['caller']:>6} {c['session_id'] or '-':<18} {connect:>8} {m['answered']:>4}/{m['turns']:<4} "
+        print(f"{c['caller']:>6} {c['session_id'] or '-':<18} {connect:>16} {m['answered']:>4}/{m['turns']:<4} "
               f"{_pp(m['heard_ms']):>11} {_pp(m['server_ttfp_ms']):>12} {m['frames_late']:>5} "
               f"{m['frames_dropped']:>8} {m['gaps']:>5}  {why}")
     o = report["overall"]
