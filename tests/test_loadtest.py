@@ -81,6 +81,19 @@ def test_callers_beyond_max_sessions_are_reported_as_server_full_failures(wav: s
     run(main_())
 
 
+@needs_espeak
+def test_with_retry_full_s_a_refused_caller_comes_back_after_retry_after(wav: str) -> None:
+    async def main_() -> None:
+        async with server(max_sessions=1) as (url, _):
+            code, out, err = await loadtest(url, "--callers", "2", "--wav", wav, "--retry-full-s", "30", "--json")
+        assert code == 0, err
+        callers = json.loads(out)["callers"]
+        assert sorted(c["attempts"] for c in callers) == [1, 2]  # the second waited for the first to hang up
+        assert all(c["failure"] is None and c["summary"]["answered"] == 1 for c in callers)
+
+    run(main_())
+
+
 def test_bad_arguments_are_refused_before_calling(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["loadtest", "http://127.0.0.1:9", "--callers", "0"]) == 2
     assert "--callers must be between 1 and 256" in capsys.readouterr().err
