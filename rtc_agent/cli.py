@@ -47,8 +47,8 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
     load.add_argument("--turns", type=int, default=1, help="times each caller says the whole WAV (default 1)")
     load.add_argument("--max-wait-s", type=float, default=30.0,
                       help="seconds after a turn's speech for its answer to end; later is a failure (default 30)")
-    load.add_argument("--retry-full-s", type=float, default=0.0,
-                      help="retry a full server (503) this long, as its Retry-After says (default 0: a failure)")
+    load.add_argument("--retry-s", type=float, default=0.0,
+                      help="retry a 503 (server_full, not_ready) this long, after its Retry-After (default 0: a failure)")
     load.add_argument("--gap-ms", type=float, default=120.0,
                       help="answer packets further apart than this count as a gap (default 120)")
     load.add_argument("--json", action="store_true", help="print one JSON object: settings, overall, callers")
@@ -82,7 +82,7 @@ def _loadtest(args: argparse.Namespace) -> int:
 
     try:
         settings = LoadSettings(callers=args.callers, ramp_s=args.ramp_s, turns=args.turns,
-                                max_wait_s=args.max_wait_s, retry_full_s=args.retry_full_s, gap_s=args.gap_ms / 1000)
+                                max_wait_s=args.max_wait_s, retry_s=args.retry_s, gap_s=args.gap_ms / 1000)
         report = asyncio.run(run_loadtest(
             args.url, args.wav, settings, token=args.token, voice=args.voice, instructions=args.instructions,
             verify_tls=not args.insecure, ice_servers=tuple(args.ice_servers),

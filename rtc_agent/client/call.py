@@ -52,12 +52,12 @@ async def run_call(url: str, wav: str, *, video: bool = False, record: str | Non
         await call.hang_up()
 
 
-async def dial(url: str, *, video: bool = False, retry_full_s: float = 0.0, **call_kwargs: Any
+async def dial(url: str, *, video: bool = False, retry_s: float = 0.0, **call_kwargs: Any
                ) -> tuple[Call, Microphone, int]:
     """A connected call, its microphone, and how many offers it took. A 503 `server_full`/`not_ready` is tried
-    again after its Retry-After while `retry_full_s` lasts (each try a fresh peer connection); other refusals,
+    again after its Retry-After while `retry_s` lasts (each try a fresh peer connection); other refusals,
     and the last one, raise CallError."""
-    give_up_at = time.monotonic() + retry_full_s
+    give_up_at = time.monotonic() + retry_s
     attempts = 0
     while True:
         call, mic = Call(url, **call_kwargs), Microphone()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import numpy as np
@@ -24,6 +25,8 @@ from .peer import Call, CallError
 
 DEFAULT_SENTENCE = "What is the weather like in Paris today?"
 PAUSE_S = 1.0  # after an answer ends, before the caller speaks again
+MEDIA_START_S = 10.0  # from connected to the microphone's first packet
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,14 +35,14 @@ class LoadSettings:
     ramp_s: float = 0.0  # caller k starts at k * ramp_s / callers
     turns: int = 1  # times each caller says the whole WAV
     max_wait_s: float = 30.0  # after a turn's speech ends, for its answer to end; then it counts as a failure
-    retry_full_s: float = 0.0  # keep retrying a full (503) server this long, as its Retry-After says; 0: fail
+    retry_s: float = 0.0  # retry a 503 (server_full, not_ready) this long, after its Retry-After; 0: fail
     gap_s: float = GAP_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.callers <= 256:
             raise ValueError("--callers must be between 1 and 256")
-        if self.ramp_s < 0 or self.retry_full_s < 0:
-            raise ValueError("--ramp-s and --retry-full-s must not be negative")
+        if self.ramp_s < 0 or self.retry_s < 0:
+            raise ValueError("--ramp-s and --retry-s must not be negative")
         if not 1 <= self.turns <= 100:
             raise ValueError("--turns must be between 1 and 100")
         if self.max_wait_s <= 0 or self.gap_s <= 0:
@@ -103,7 +106,7 @@ async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spa
     call: Call | None = None
     try:
         started = time.monotonic()
-        call, mic, result["attempts"] = await dial(url, retry_full_s=settings.retry_full_s, **call_kwargs)
+        call, mic, result["attempts"] = await dial(url, retry_s=settings.retry_s, **call_kwargs)
         result["session_id"] = call.session_id
         result["connected_ms"] = round((time.monotonic() - started) * 1000, 1)
         result["failure"] = await _converse(call, mic, samples, spans, settings, result["turns"])
@@ -114,6 +117,9 @@ async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spa
         result["failure"] = {"code": "connect_timeout", "message": "the call's data channel never opened (ICE/DTLS)"}
     except (OSError, aiohttp.ClientError) as exc:
         result["failure"] = {"code": "connect_error", "message": f"{type(exc).__name__}: {exc}"}
+    except Exception as exc:  # a fault in this client: reported for this caller, the others go on
+        log.exception("caller %d", index)
+        result["failure"] = {"code": "client_error", "message": f"{type(exc).__name__}: {exc}"}
     finally:
         if call is not None:
             await call.hang_up()
@@ -124,8 +130,9 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
                     settings: LoadSettings, turns: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Says each utterance `settings.turns` times, each after the answer to the one before has ended; fills
     `turns`. Returns the failure that stopped the caller (None: every turn got an answer)."""
-    if not await _until(lambda: mic.started_at is not None or connection_gone(call), 10.0):
-        return {"code": "no_media", "message": "the microphone track never started"}
+    await _until(lambda: mic.started_at is not None or connection_gone(call), MEDIA_START_S)
+    if mic.started_at is None:
+        return {"code": "no_media", "message": f"no audio went out within {MEDIA_START_S:g} s of connecting"}
     failure = None
     said: list[tuple[float, float]] = []  # (speech start, speech end) of each utterance, time.monotonic()
     mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))
@@ -134,8 +141,8 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         answered = len(call.events_of("response.done"))
         at = mic.play(samples[start:end])
         said.append((mic.time_at(at), mic.time_at(at + end - start)))
-        wait_until = said[-1][1] + settings.max_wait_s - time.monotonic()
-        await _until(lambda: len(call.events_of("response.done")) > answered or connection_gone(call), wait_until)
+        wait_s = said[-1][1] + settings.max_wait_s - time.monotonic()
+        await _until(lambda: len(call.events_of("response.done")) > answered or connection_gone(call), wait_s)
         if connection_gone(call):
             failure = {"code": "connection_lost", "message": f"the connection closed during turn {turn + 1}"}
             break
@@ -153,13 +160,11 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
     return failure
 
 
-async def _until(condition: Any, timeout_s: float, poll_s: float = 0.05) -> bool:
+async def _until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.05) -> None:
+    """Returns once `condition()` holds or `timeout_s` has passed."""
     deadline = time.monotonic() + max(timeout_s, 0.0)
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
+    while not condition() and time.monotonic() < deadline:
         await asyncio.sleep(poll_s)
-    return True
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -234,7 +239,8 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
               f"{m['frames_dropped']:>8} {m['gaps']:>5}  {why}")
     o = report["overall"]
     h, t, e = o["heard_ms"], o["server_ttfp_ms"], o["engine_ttfp_ms"]
-    print(f"overall: {o['connected']}/{o['callers']} connected, {o['failed']} failed {o['failures'] or ''}; "
+    why = ", ".join(f"{n} {code}" for code, n in o["failures"].items())
+    print(f"overall: {o['connected']}/{o['callers']} connected, {o['failed']} failed{f' ({why})' if why else ''}; "
           f"{o['answered']}/{o['turns']} turns answered")
     print(f"  heard latency (end of speech -> first answer audio): P50 {h['p50']} ms, P90 {h['p90']} ms, "
           f"max {h['max']} ms over {h['n']} turns")
