@@ -48,7 +48,8 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
     load.add_argument("--max-wait-s", type=float, default=30.0,
                       help="seconds after a turn's speech for its answer to end; later is a failure (default 30)")
     load.add_argument("--retry-s", type=float, default=0.0,
-                      help="retry a 503 (server_full, not_ready) this long, after its Retry-After (default 0: a failure)")
+                      help="wait up to this long for /readyz, then retry a 503 (server_full, not_ready) this long, "
+                      "after its Retry-After (default 0: no waiting, a 503 is a failure)")
     load.add_argument("--gap-ms", type=float, default=120.0,
                       help="answer packets further apart than this count as a gap (default 120)")
     load.add_argument("--json", action="store_true", help="print one JSON object: settings, overall, callers")

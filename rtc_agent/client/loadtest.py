@@ -25,6 +25,7 @@ from .peer import Call, CallError
 
 DEFAULT_SENTENCE = "What is the weather like in Paris today?"
 PAUSE_S = 1.0  # after an answer ends, before the caller speaks again
+READY_POLL_S = 0.5
 MEDIA_START_S = 10.0  # from connected to the microphone's first packet
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ async def run_loadtest(url: str, wav: str | None, settings: LoadSettings, *, tok
         samples, spans = load_speech(wav)
     call_kwargs = dict(token=token, voice=voice, instructions=instructions, ice_servers=ice_servers,
                        verify_tls=verify_tls)
+    if settings.retry_s:
+        await wait_ready(url, settings.retry_s, verify_tls)
     lag = LoopLag()
     watcher = asyncio.ensure_future(lag.watch())
     try:
@@ -81,6 +84,21 @@ async def run_loadtest(url: str, wav: str | None, settings: LoadSettings, *, tok
         await asyncio.gather(watcher, return_exceptions=True)
     return {"url": url.rstrip("/"), "wav": wav, "utterances": len(spans), "settings": dataclasses.asdict(settings),
             "overall": summary(callers, lag.max_ms), "callers": callers}
+
+
+async def wait_ready(url: str, timeout_s: float, verify_tls: bool = True) -> None:
+    """Until GET /readyz says 200 (the model is loaded), so that the callers start together; at most `timeout_s`
+    (then the callers try anyway, and a server still loading refuses them with not_ready)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(f"{url.rstrip('/')}/readyz", ssl=verify_tls) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass  # not listening yet
+            await asyncio.sleep(READY_POLL_S)
 
 
 class LoopLag:
