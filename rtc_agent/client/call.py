@@ -130,13 +130,16 @@ def turn_report(call: Call, end_at: float, next_at: float, done: dict[str, Any] 
 
 def answer_gaps(audio: ReceivedAudio, since: float, until: float, gap_s: float = GAP_S) -> dict[str, Any]:
     """How steadily the answer audio that arrived in [since, until) came: answer packets (80 ms, RTP step 3840)
-    should arrive every 80 ms; a gap is two consecutive ones more than `gap_s` apart (a stall the caller hears).
+    should arrive every 80 ms; a gap is two consecutive ones more than `gap_s` apart (a stall the caller hears);
+    interval_ms_p90 is the P90 of their arrival intervals.
     A frame the server had not made in time still goes out on time as 80 ms of zeros: the server counts those
     (`frames_late` in response.done), not this."""
     arrivals = [at for at, size in zip(audio.times, audio.decoded) if since <= at < until and size == ANSWER_PACKET]
     intervals = np.diff(arrivals) if len(arrivals) > 1 else np.zeros(0)
+    ms = intervals * 1000
     return {"answer_packets": len(arrivals), "gaps": int(np.sum(intervals > gap_s)),
-            "max_gap_ms": round(float(intervals.max()) * 1000, 1) if len(intervals) else None}
+            "interval_ms_p90": round(float(np.percentile(ms, 90)), 1) if len(ms) else None,
+            "max_gap_ms": round(float(ms.max()), 1) if len(ms) else None}
 
 
 def _answer_packets(call: Call, min_run: int = 5) -> dict[str, Any]:

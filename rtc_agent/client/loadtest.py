@@ -211,6 +211,8 @@ def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "heard_ms": percentiles([t["client_latency_ms"] for t in turns if t["client_latency_ms"] is not None]),
         "server_ttfp_ms": percentiles(values("ttfp_ms")),
         "engine_ttfp_ms": percentiles(values("engine", "ttfp_ms")),
+        "engine_frame_ms_p90": percentiles(values("engine", "frame_ms_p90")),  # each turn's P90, across turns
+        "interval_ms_p90": percentiles([t["interval_ms_p90"] for t in turns if t["interval_ms_p90"] is not None]),
         "frames_sent": int(sum(values("frames_sent"))),
         "frames_late": int(sum(values("frames_late"))),
         "frames_dropped": int(sum(values("frames_dropped"))),
@@ -264,6 +266,9 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
           f"max {h['max']} ms over {h['n']} turns")
     print(f"  server ttfp_ms (turn end -> first packet): P50 {t['p50']}, P90 {t['p90']}, max {t['max']}; "
           f"engine ttfp P50 {e['p50']}, P90 {e['p90']}")
+    f, i = o["engine_frame_ms_p90"], o["interval_ms_p90"]
+    print(f"  each answer's P90, over answers (P50/max): engine frame time {f['p50']}/{f['max']} ms, "
+          f"answer packet arrival interval {i['p50']}/{i['max']} ms (80 is real time)")
     print(f"  frames sent {o['frames_sent']}, late {o['frames_late']}, dropped {o['frames_dropped']}; "
           f"gaps > {s['gap_s'] * 1000:.0f} ms in the received answer audio: {o['gaps']} "
           f"(longest interval {o['max_gap_ms']} ms)")
