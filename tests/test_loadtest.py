@@ -88,7 +88,8 @@ def test_with_retry_s_a_refused_caller_comes_back_after_retry_after(wav: str) ->
             code, out, err = await loadtest(url, "--callers", "2", "--wav", wav, "--retry-s", "30", "--json")
         assert code == 0, err
         callers = json.loads(out)["callers"]
-        assert sorted(c["attempts"] for c in callers) == [1, 2]  # the second waited for the first to hang up
+        first, second = sorted(c["attempts"] for c in callers)
+        assert first == 1 and second >= 2  # the second waited (Retry-After) until the first had hung up
         assert all(c["failure"] is None and c["summary"]["answered"] == 1 for c in callers)
 
     run(main_())
