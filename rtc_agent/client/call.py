@@ -22,6 +22,7 @@ CONNECT_WARMUP_S = 0.5  # silence before the WAV starts, so the first words are 
 TAIL_S = 0.3  # after the last answer: its last packets are still on the wire
 ANSWER_PACKET = 3840  # samples (48 kHz) an answer packet decodes to: one 80 ms frame; silence packets are 960
 RETRYABLE = ("server_full", "not_ready")  # 503s that say when to come back (Retry-After)
+RETRY_S = 1.0  # when a 503 has no Retry-After
 GAP_S = 0.12  # answer packets (one per 80 ms) further apart than this on arrival: the caller hears the audio stop
 
 
@@ -67,7 +68,7 @@ async def dial(url: str, *, video: bool = False, retry_s: float = 0.0, **call_kw
             return call, mic, attempts
         except CallError as exc:
             await call.close()
-            wait_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
+            wait_s = exc.retry_after_s if exc.retry_after_s is not None else RETRY_S
             if exc.code not in RETRYABLE or time.monotonic() + wait_s > give_up_at:
                 if attempts == 1:
                     raise
