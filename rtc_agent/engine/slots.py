@@ -115,7 +115,9 @@ class SlotPool:
             fused = fused_active(options.fast_sampling, core.device)
             self.talker = Talker(model, count, options.context_tokens + options.max_frames + 16, graphs, fused)
             self.code2wav = Code2WavRows(model.code2wav, count, options.max_frames + 1, graphs)
-        self.side_stream = torch.cuda.Stream(core.device) if graphs and options.overlap else None
+        # The Thinker's steps next to the frames, on a high-priority stream: a stream of its own (torch hands out
+        # normal-priority streams round-robin from a pool of 32) and first on the GPU when both streams have work.
+        self.side_stream = torch.cuda.Stream(core.device, priority=-1) if graphs and options.overlap else None
         self._step_inputs = DeviceCopy((2, count), torch.long, core.device)  # a step's positions and rope deltas
         self._ids = DeviceCopy((count, 1), torch.long, core.device)  # a Thinker step's input tokens
         self._tokens = HostCopy((count,), torch.long, core.device)  # its chosen tokens
