@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+WEB_DIR = Path(__file__).resolve().parent / "web"
 VOICES = ("chelsie", "ethan", "aiden")
 VISION_BLOCK = 32  # the vision encoder's patch (16 px) times its spatial merge (2): one Thinker token per block
 MAX_VIDEO_SIDE = 1280
@@ -178,7 +178,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"scale video frames to fit in this many pixels, a multiple of 32 (default {d.video_max_side})")
     p.add_argument("--video-window-s", type=int,
                    help=f"seconds of caller video kept in the model's context (default {d.video_window_s}; 0: none)")
-    p.add_argument("--web-dir", help="folder served at / (default: the project's web/)")
+    p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 
 

@@ -200,7 +200,7 @@ def test_https_with_a_self_signed_certificate_and_the_page(tmp_path, monkeypatch
                 async with http.get(f"{url}/healthz", ssl=client) as r:  # the certificate names 127.0.0.1
                     assert r.status == 200
                 async with http.get(f"{url}/", ssl=client) as r:
-                    assert r.status in (200, 404)  # 404 names the missing web/index.html
+                    assert r.status in (200, 404)  # 404 names the missing rtc_agent/web/index.html
                     assert "html" in (await r.text()).lower()
 
     run(main())
