@@ -151,7 +151,8 @@ def test_readyz_waits_for_the_model_and_offers_wait_too() -> None:
 
 @needs_espeak
 def test_a_vanished_peer_is_cleaned_up_within_10_s(tmp_path) -> None:
-    """A caller process killed mid-call (no hang-up, no DTLS close): its session goes within 10 s."""
+    """A caller process killed mid-call (no hang-up, no DTLS close): its session goes within 10 s (with resuming
+    off; test_network_faults.py covers a lost call waiting for its caller to resume it)."""
     wav = tmp_path / "long.wav"
     samples = np.tile(np.concatenate([speech(rate=24000), np.zeros(24000, np.float32)]), 4)
     with wave.open(str(wav), "wb") as w:
@@ -159,7 +160,7 @@ def test_a_vanished_peer_is_cleaned_up_within_10_s(tmp_path) -> None:
         w.writeframes((samples * 32767).astype(np.int16).tobytes())
 
     async def main() -> None:
-        async with server(peer_timeout_s=3.0) as (url, app):
+        async with server(peer_timeout_s=3.0, resume_window_s=0.0) as (url, app):
             await wait_ready(url)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "rtc_agent.cli", "call", url, "--wav", str(wav),

@@ -15,7 +15,7 @@ import numpy as np
 from ..media.ice import use_host_addresses
 from .camera import SyntheticCamera
 from .microphone import RATE, Microphone, load_audio, speech_spans
-from .peer import RECORD_RATE, Call
+from .peer import RECORD_RATE, Call, server_ice_servers
 
 log = logging.getLogger(__name__)
 CONNECT_WARMUP_S = 0.5  # silence before the WAV starts, so the first words are not lost to connection setup
@@ -24,15 +24,16 @@ CONNECT_WARMUP_S = 0.5  # silence before the WAV starts, so the first words are 
 async def run_call(url: str, wav: str, *, video: bool = False, record: str | None = None, token: str | None = None,
                    voice: str | None = None, instructions: str | None = None, answer_timeout_s: float = 60.0,
                    verify_tls: bool = True, ice_servers: tuple[str, ...] = (),
-                   ice_host_addresses: tuple[str, ...] = ()) -> dict[str, Any]:
+                   ice_host_addresses: tuple[str, ...] = (), relay_only: bool = False) -> dict[str, Any]:
     use_host_addresses(ice_host_addresses)
     samples = load_audio(wav, RATE)
     spans = speech_spans(samples)
     if not spans:
         raise ValueError(f"{wav}: no speech found")
     mic = Microphone()
-    call = Call(url, token=token, voice=voice, instructions=instructions, ice_servers=ice_servers,
-                verify_tls=verify_tls)
+    servers = ice_servers or await server_ice_servers(url, token, verify_tls)
+    call = Call(url, token=token, voice=voice, instructions=instructions, ice_servers=servers,
+                relay_only=relay_only, verify_tls=verify_tls)
     started = time.monotonic()
     try:
         await call.connect(mic, SyntheticCamera() if video else None)
