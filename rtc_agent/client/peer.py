@@ -48,6 +48,19 @@ class ReceivedAudio:
         return None
 
 
+class Borrowed(MediaStreamTrack):
+    """A track that reads from `source` but leaves it running when its peer connection stops it (aiortc stops a
+    sender's track on close): a resumed call sends the same microphone over its new connection."""
+
+    def __init__(self, source: MediaStreamTrack) -> None:
+        super().__init__()
+        self.kind = source.kind
+        self._source = source
+
+    async def recv(self) -> Any:
+        return await self._source.recv()
+
+
 async def server_ice_servers(url: str, token: str | None = None, verify_tls: bool = True) -> list[RTCIceServer]:
     """The ICE servers the server hands its callers in /api/config (TURN with fresh, expiring credentials)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -111,9 +124,9 @@ class Call:
 
     async def _offer(self, body: dict[str, Any], microphone: MediaStreamTrack, camera: MediaStreamTrack | None,
                      timeout_s: float) -> None:
-        self.pc.addTrack(microphone)
+        self.pc.addTrack(Borrowed(microphone))
         if camera is not None:
-            self.pc.addTrack(camera)
+            self.pc.addTrack(Borrowed(camera))
         use_low_latency_audio(self.pc)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", **body}

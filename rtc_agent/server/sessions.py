@@ -213,7 +213,7 @@ class CallSession:
         self.close(f"peer gone ({reason}), not resumed")
 
     def resume(self, pc: RTCPeerConnection, track: OutboundAudioTrack) -> None:
-        """Goes on with a new peer connection (its offer already answered with `track`), same conversation."""
+        """Goes on with a new peer connection (its offer about to be answered with `track`), same conversation."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None

@@ -129,13 +129,12 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
         raise ApiError(404, "session_not_found", "no call to resume with this token (it ended, or the window passed)")
     pc = RTCPeerConnection(rtc_configuration(state.settings.ice_servers))
     track = OutboundAudioTrack()
+    call.resume(pc, track)  # before the offer is applied: that is when the caller's tracks arrive
     try:
         await _answer_offer(pc, offer.sdp, track)
     except BaseException:
-        track.stop()
-        await pc.close()
+        call.lose("the resume offer failed")  # parked again: the caller may try once more
         raise
-    call.resume(pc, track)
     return _answer_response(pc, call.id)
 
 
