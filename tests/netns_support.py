@@ -106,11 +106,12 @@ class Faults:
 needs_namespaces = pytest.mark.skipif(not can_make_namespaces(), reason="private network namespaces need root")
 
 
-def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+          ) -> subprocess.Popen[bytes]:
     """A process in the calling thread's namespace, its output in `log`; stop it with stop()."""
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                start_new_session=True)
+                                cwd=cwd, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
