@@ -8,6 +8,7 @@ every dependency satisfied and downloads nothing, and `import rtc_agent` can onl
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,11 +29,17 @@ PORT = 8080
 pytestmark = [pytest.mark.timeout(300)]
 
 
-def build_wheel(out: Path) -> Path:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of the sources (setuptools writes build/ and *.egg-info next to them)."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "rtc_agent", src / "rtc_agent", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, timeout=240)
-    (wheel,) = out.glob("rtc_agent-*.whl")
-    return wheel
+                    str(src)], check=True, capture_output=True, timeout=240)
+    (built,) = out.glob("rtc_agent-*.whl")
+    return built
 
 
 def fresh_venv(where: Path) -> Path:
@@ -53,8 +60,8 @@ def fresh_venv(where: Path) -> Path:
     return where
 
 
-def test_the_wheel_carries_the_page_and_the_model_configs(tmp_path: Path) -> None:
-    names = zipfile.ZipFile(build_wheel(tmp_path)).namelist()
+def test_the_wheel_carries_the_page_and_the_model_configs(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
     for needed in ("rtc_agent/web/index.html", "rtc_agent/web/app.js", "rtc_agent/models/tiny.json",
                    "rtc_agent/models/qwen3-omni-30b-a3b-instruct.json"):
         assert needed in names
@@ -62,9 +69,8 @@ def test_the_wheel_carries_the_page_and_the_model_configs(tmp_path: Path) -> Non
 
 @needs_espeak
 @needs_namespaces
-def test_an_installed_wheel_serves_the_page_and_answers_a_call_from_tmp(tmp_path: Path) -> None:
+def test_an_installed_wheel_serves_the_page_and_answers_a_call_from_tmp(wheel: Path, tmp_path: Path) -> None:
     venv = fresh_venv(tmp_path / "venv")
-    wheel = build_wheel(tmp_path / "dist")
     out = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
                           str(wheel)], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
