@@ -3,9 +3,11 @@ and a caller that may use relay candidates only gets through Debian's coturn, in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from pathlib import Path
+from typing import AsyncIterator
 
 import aiohttp
 import pytest
@@ -28,14 +30,20 @@ TURN_URL = f"turn:127.0.0.1:{TURN_PORT}?transport=udp"
 needs_coturn = pytest.mark.skipif(shutil.which("turnserver") is None, reason="coturn is not installed (apt)")
 
 
-def coturn(log: Path):
-    """coturn on the namespace's loopback, checking credentials with SECRET; 127.0.0.1 peers allowed (the agent
-    is on loopback here, which coturn refuses by default)."""
-    return start(["turnserver", "-n", "--listening-ip=127.0.0.1", f"--listening-port={TURN_PORT}",
+@contextlib.asynccontextmanager
+async def coturn(log: Path) -> AsyncIterator[None]:
+    """coturn on the namespace's loopback, checking credentials with SECRET, until the block ends; 127.0.0.1 peers
+    allowed (the agent is on loopback here, which coturn refuses by default)."""
+    proc = start(["turnserver", "-n", "--listening-ip=127.0.0.1", f"--listening-port={TURN_PORT}",
                   "--relay-ip=127.0.0.1", "--min-port=49160", "--max-port=49200", "--use-auth-secret",
                   f"--static-auth-secret={SECRET}", "--realm=rtc-agent.test", "--allow-loopback-peers", "--no-cli",
                   "--no-tls", "--no-dtls", "--fingerprint", f"--pidfile={log.with_suffix('.pid')}",
                   f"--userdb={log.with_suffix('.db')}", "--log-file=stdout", "--simple-log"], log)
+    try:
+        await until_allocates(*turn_credentials(SECRET, 60, "probe"))
+        yield
+    finally:
+        stop(proc)
 
 
 async def allocate(username: str, password: str) -> None:
@@ -89,28 +97,24 @@ def test_api_config_hands_out_expiring_credentials_never_the_secret() -> None:
 def test_a_relay_only_caller_talks_through_coturn(tmp_path: Path) -> None:
     async def main() -> None:
         private_network()
-        turn = coturn(tmp_path / "coturn.log")
-        try:
-            await until_allocates(*turn_credentials(SECRET, 60, "probe"))
-            async with server(turn_urls=(TURN_URL,), turn_secret=SECRET, max_answer_s=1.0) as (url, _):
-                await wait_ready(url)
-                use_host_addresses(LOOPBACK)
-                call = Call(url, ice_servers=await server_ice_servers(url), relay_only=True)
-                mic = Microphone()
-                try:
-                    await call.connect(mic)
-                    # the caller's side of the pair is its coturn relay; the agent's is its own host address
-                    assert call.selected_candidate_types() == ("relay", "host")
-                    await call.next_event("session.created", timeout_s=10)
-                    await say(call, mic)
-                    done = (await call.next_event("response.done", timeout_s=30))["response"]
-                    assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
-                    await asyncio.sleep(0.3)
-                    assert call.audio.first_sound_after(0.0) is not None
-                finally:
-                    await call.hang_up()
-        finally:
-            stop(turn)
+        async with coturn(tmp_path / "coturn.log"), \
+                server(turn_urls=(TURN_URL,), turn_secret=SECRET, max_answer_s=1.0) as (url, _):
+            await wait_ready(url)
+            use_host_addresses(LOOPBACK)
+            call = Call(url, ice_servers=await server_ice_servers(url), relay_only=True)
+            mic = Microphone()
+            try:
+                await call.connect(mic)
+                # the caller's side of the pair is its coturn relay; the agent's is its own host address
+                assert call.selected_candidate_types() == ("relay", "host")
+                await call.next_event("session.created", timeout_s=10)
+                await say(call, mic)
+                done = (await call.next_event("response.done", timeout_s=30))["response"]
+                assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
+                await asyncio.sleep(0.3)
+                assert call.audio.first_sound_after(0.0) is not None
+            finally:
+                await call.hang_up()
 
     run(main())
 
@@ -120,16 +124,12 @@ def test_a_relay_only_caller_talks_through_coturn(tmp_path: Path) -> None:
 def test_coturn_refuses_expired_or_forged_credentials(tmp_path: Path) -> None:
     async def main() -> None:
         private_network()
-        turn = coturn(tmp_path / "coturn.log")
-        try:
-            await until_allocates(*turn_credentials(SECRET, 60, "fresh"))
+        async with coturn(tmp_path / "coturn.log"):  # it has taken fresh credentials by now
             expired = turn_credentials(SECRET, 60, "late", now=time.time() - 120)
             forged = turn_credentials("not-the-secret", 60, "forger")
             for username, password in (expired, forged):
                 with pytest.raises(stun.TransactionFailed) as refused:
                     await allocate(username, password)
                 assert refused.value.response.attributes["ERROR-CODE"][0] == 401
-        finally:
-            stop(turn)
 
     run(main())
