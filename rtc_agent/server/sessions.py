@@ -85,6 +85,7 @@ class CallSession:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None  # while parked: ends the call when nobody resumes it
+        self._retired: set[asyncio.Task[None]] = set()  # old peer connections being closed
         self.conversation = Conversation(engine_session, self.track, self.events.send, vad, settings.turn,
                                          on_answer=self._answered)
         self._wire(pc)
@@ -92,6 +93,10 @@ class CallSession:
     @property
     def parked(self) -> bool:
         return self._expiry is not None
+
+    @property
+    def closing(self) -> bool:
+        return self._closing is not None
 
     # ---- wiring -------------------------------------------------------------------------------------------
     def _wire(self, pc: RTCPeerConnection) -> None:
@@ -184,7 +189,7 @@ class CallSession:
 
     def lose(self, reason: str) -> None:
         """The caller's connection died: park the call for a resume, or end it when resuming is off."""
-        if self._closing is not None or self.parked:
+        if self.closing or self.parked:
             return
         if self.settings.resume_window_s <= 0:
             self.close(f"peer gone ({reason})")
@@ -205,7 +210,9 @@ class CallSession:
         self.events.detach()
         self.track.stop()
         old, self.pc = self.pc, None
-        asyncio.ensure_future(old.close())
+        closing = asyncio.ensure_future(old.close())
+        self._retired.add(closing)
+        closing.add_done_callback(self._retired.discard)
 
     async def _expire(self, reason: str) -> None:
         await asyncio.sleep(self.settings.resume_window_s)
@@ -290,7 +297,7 @@ class Sessions:
 
     def by_resume_token(self, token: str) -> CallSession | None:
         for call in self._calls.values():
-            if hmac.compare_digest(call.resume_token.encode(), token.encode()):
+            if hmac.compare_digest(call.resume_token.encode(), token.encode()) and not call.closing:
                 return call
         return None
 
