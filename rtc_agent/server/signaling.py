@@ -139,7 +139,7 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
 
 
 async def _start_call(state: ServerState, offer: Offer) -> CallSession:
-    from ..engine import SessionOptions
+    from ..engine import EngineFullError, SessionOptions
 
     settings = state.settings
     voice = offer.voice or settings.voice
@@ -150,6 +150,9 @@ async def _start_call(state: ServerState, offer: Offer) -> CallSession:
         engine_session = state.engine.new_session(options)
     except ValueError as exc:
         raise ApiError(400, "invalid_value", str(exc)) from None
+    except EngineFullError as exc:
+        state.metrics.rejected.labels("full").inc()
+        raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
     vad = await asyncio.to_thread(SpeechProbability)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
