@@ -48,19 +48,6 @@ class ReceivedAudio:
         return None
 
 
-class Borrowed(MediaStreamTrack):
-    """A track that reads from `source` but leaves it running when its peer connection stops it (aiortc stops a
-    sender's track on close): a resumed call sends the same microphone over its new connection."""
-
-    def __init__(self, source: MediaStreamTrack) -> None:
-        super().__init__()
-        self.kind = source.kind
-        self._source = source
-
-    async def recv(self) -> Any:
-        return await self._source.recv()
-
-
 async def server_ice_servers(url: str, token: str | None = None, verify_tls: bool = True) -> list[RTCIceServer]:
     """The ICE servers the server hands its callers in /api/config (TURN with fresh, expiring credentials)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -126,15 +113,17 @@ class Call:
         """Drops this peer connection and connects a new one to the same call with the resume token."""
         if not self.resume_token:
             raise ValueError("no resume token yet: session.created has not arrived")
+        for sender in self.pc.getSenders():  # aiortc stops a sender's track on close: keep ours for the new one
+            sender.replaceTrack(None)
         await self.close()
         self._new_peer()
         await self._offer({"resume_token": self.resume_token}, microphone, camera, timeout_s)
 
     async def _offer(self, body: dict[str, Any], microphone: MediaStreamTrack, camera: MediaStreamTrack | None,
                      timeout_s: float) -> None:
-        self.pc.addTrack(Borrowed(microphone))
+        self.pc.addTrack(microphone)
         if camera is not None:
-            self.pc.addTrack(Borrowed(camera))
+            self.pc.addTrack(camera)
         use_low_latency_audio(self.pc)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", **body}
