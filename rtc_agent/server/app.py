@@ -175,7 +175,8 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 async def serve(settings: Settings) -> int:
-    """Runs the server until SIGINT/SIGTERM (0) or until the model fails to load (1)."""
+    """Runs the server until SIGINT, or SIGTERM and the drain that follows it (0), or until the model fails to
+    load (1)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = create_app(settings)
     runner = web.AppRunner(app, access_log_class=AccessLogger, handle_signals=False)
@@ -198,6 +199,7 @@ async def serve(settings: Settings) -> int:
             await asyncio.wait([stopping, draining], return_when=asyncio.FIRST_COMPLETED)
             if drain.is_set() and not stop.is_set():
                 await _drain(app[STATE], stop)
+        stopping.cancel(), draining.cancel()
         log.info("shutting down")
         return 1 if failed else 0
     finally:
