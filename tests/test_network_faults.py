@@ -12,9 +12,10 @@ import json
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 
-from rtc_agent.client.peer import Call
+from rtc_agent.client.peer import Call, CallError
 from rtc_agent.server.state import STATE
 
 from netns_support import Faults, needs_namespaces, private_network
@@ -156,7 +157,9 @@ def test_a_dead_connection_is_resumed_with_the_same_conversation() -> None:
             first = await answer(call, mic)
             faults.blackout()
             await asyncio.sleep(4.0)  # > peer_timeout_s: the server has given up on this connection
-            assert app[STATE].sessions.get(created["id"]).parked
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{url}/api/sessions/{created['id']}") as r:
+                    assert (await r.json())["status"] == "waiting_for_resume"
             faults.clear()
             started = time.monotonic()
             await call.resume(mic)
@@ -185,8 +188,12 @@ def test_a_lost_call_not_resumed_in_time_ends_and_a_wrong_token_is_refused() -> 
             faults.clear()
             assert len(app[STATE].sessions) == 0
             assert gone_s > 2.0  # the peer timeout, then the resume window
-            with pytest.raises(Exception) as refused:
+            with pytest.raises(CallError) as refused:
                 await call.resume(mic)
-            assert getattr(refused.value, "code", None) == "session_not_found"
+            assert refused.value.code == "session_not_found"
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{url}/api/offer", json={"sdp": "v=0\r\n", "type": "offer",
+                                                              "resume_token": 42}) as r:
+                    assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_value")
 
     in_private_network(main)

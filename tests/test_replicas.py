@@ -34,6 +34,12 @@ async def capacity(port: int) -> dict[str, Any]:
             return {"http_status": r.status, **await r.json()}
 
 
+async def status(port: int, session_id: str) -> int:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port}/api/sessions/{session_id}") as r:
+            return r.status
+
+
 async def wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not await predicate():
@@ -89,27 +95,30 @@ def test_four_calls_over_two_replicas_behind_haproxy(tmp_path: Path) -> None:
                 dones = await asyncio.gather(*(call.next_event("response.done", timeout_s=60) for call, _ in calls))
                 assert all(d["response"]["status"] == "completed" for d in dones)
 
-                # a hang-up through HAProxy reaches the replica holding the call (404 anywhere else)
-                first = calls[0][0]
+                # which replica holds which call (asked directly), then the same through HAProxy: each call's
+                # requests reach its replica (the other would answer 404)
+                holders = [[await status(p, call.session_id) for p in REPLICAS].index(200) for call, _ in calls]
+                assert sorted(holders) == [0, 0, 1, 1]
+                for call, _ in calls:
+                    assert await status(LB, call.session_id) == 200
+                gone = calls[holders.index(0)][0]
                 async with aiohttp.ClientSession() as http:
-                    async with http.delete(f"{url}/api/sessions/{first.session_id}") as r:
+                    async with http.delete(f"{url}/api/sessions/{gone.session_id}") as r:
                         assert r.status == 200, await r.text()
-                await first.close()
-                after = [(await capacity(p))["active"] for p in REPLICAS]
-                assert sorted(after) == [1, 2]
+                await gone.close()
+                assert [(await capacity(p))["active"] for p in REPLICAS] == [1, 2]
 
                 # stop replica 1 mid-call: replica 2's calls go on and are answered
-                kept = after[1]
                 stop(replicas[0], signal.SIGKILL)
                 stopped_at = time.monotonic()
                 await asyncio.sleep(1.5)
-                survivors = [(c, m) for c, m in calls[1:] if still_hearing(c, stopped_at + 1.0)]
-                assert len(survivors) == kept
-                await asyncio.gather(*(say(call, mic, "Are you still there?") for call, mic in survivors))
-                for call, _ in survivors:
+                kept = [(c, m) for (c, m), h in zip(calls, holders) if h == 1]
+                assert [c for c, _ in calls if still_hearing(c, stopped_at + 1.0)] == [c for c, _ in kept]
+                await asyncio.gather(*(say(call, mic, "Are you still there?") for call, mic in kept))
+                for call, _ in kept:
                     done = await call.next_event("response.done", timeout_s=60)
                     assert done["response"]["status"] == "completed" and done["response"]["id"] == "resp_2"
-                assert (await capacity(REPLICAS[1]))["active"] == kept
+                assert (await capacity(REPLICAS[1]))["active"] == 2
         finally:
             stop(lb)
             for proc in replicas:

@@ -19,7 +19,7 @@ from . import tls
 from .metrics import Metrics
 from .protocol import turn_description
 from .sessions import Sessions
-from .signaling import ApiError, api_errors, hang_up, offer
+from .signaling import ApiError, api_errors, hang_up, offer, session_status
 from .state import STATE, ServerState
 from .turn import turn_ice_servers
 
@@ -37,6 +37,7 @@ def create_app(settings: Settings, engine: Any = None) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors])
     app[STATE] = state
     app.router.add_post("/api/offer", offer)
+    app.router.add_get("/api/sessions/{session_id}", session_status)
     app.router.add_delete("/api/sessions/{session_id}", hang_up)
     app.router.add_get("/api/config", client_config)
     app.router.add_route("*", "/api/{rest:.*}", api_not_found)

@@ -1,5 +1,5 @@
-"""HTTP side of a call: POST /api/offer answers a WebRTC offer (or resumes a call), DELETE /api/sessions/{id}
-hangs up."""
+"""HTTP side of a call: POST /api/offer answers a WebRTC offer (or resumes a call), GET /api/sessions/{id} says
+whether it is here, DELETE /api/sessions/{id} hangs up."""
 from __future__ import annotations
 
 import asyncio
@@ -177,10 +177,20 @@ async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTra
     await pc.setLocalDescription(await pc.createAnswer())
 
 
-async def hang_up(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    call = state.sessions.get(request.match_info["session_id"])
+def _call(request: web.Request) -> CallSession:
+    call = request.app[STATE].sessions.get(request.match_info["session_id"])
     if call is None:
         raise ApiError(404, "session_not_found", "no call with this id")
+    return call
+
+
+async def session_status(request: web.Request) -> web.Response:
+    """Is this call here, and is its connection up or waiting for the caller to resume it?"""
+    call = _call(request)
+    return web.json_response({"session_id": call.id, "status": "waiting_for_resume" if call.parked else "active"})
+
+
+async def hang_up(request: web.Request) -> web.Response:
+    call = _call(request)
     await call.close("hung up")
     return web.json_response({"session_id": call.id, "status": "closed"})
