@@ -19,6 +19,8 @@ def _client_arguments(p: argparse.ArgumentParser) -> None:
                    help="STUN/TURN server (as for serve), repeatable")
     p.add_argument("--ice-host-address", dest="ice_host_addresses", action="append", default=[],
                    help="use only these addresses for host ICE candidates")
+    p.add_argument("--relay-only", action="store_true",
+                   help="use only TURN relay candidates (the server's /api/config TURN, or --ice-server turn:...)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         _logging("DEBUG" if args.verbose else "WARNING")
         common = dict(token=args.token, voice=args.voice, instructions=args.instructions,
                       verify_tls=not args.insecure, ice_servers=tuple(args.ice_servers),
-                      ice_host_addresses=tuple(args.ice_host_addresses))
+                      ice_host_addresses=tuple(args.ice_host_addresses), relay_only=args.relay_only)
         from .client.peer import CallError
 
         try:

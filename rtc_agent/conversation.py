@@ -211,6 +211,15 @@ class Conversation:
             raise ConversationError("response_cancel_not_active", "there is no answer to cancel")
         self._interrupt()
 
+    @property
+    def answering(self) -> bool:
+        """An answer is being thought or spoken (and not already cut)."""
+        return self._answer is not None and self.state != State.INTERRUPTED
+
+    def use_track(self, track: OutboundAudioTrack) -> None:
+        """Answers go out on `track` from now on (a resumed call's new peer connection)."""
+        self.track = track
+
     def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None) -> None:
         """session.update; the voice and instructions apply from the next answer (ValueError on bad values)."""
         changes = {k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None}

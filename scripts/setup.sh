@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(espeak-ng sox chromium)
+# coturn, haproxy, iproute2 and nftables: the TURN, replica and network-fault tests (tests/netns_support.py)
+apt_packages=(espeak-ng sox chromium coturn haproxy iproute2 nftables)
 missing=()
 for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

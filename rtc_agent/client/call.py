@@ -15,13 +15,13 @@ import numpy as np
 from ..media.ice import use_host_addresses
 from .camera import SyntheticCamera
 from .microphone import RATE, Microphone, load_audio, speech_spans
-from .peer import RECORD_RATE, Call, CallError, ReceivedAudio
+from .peer import RECORD_RATE, Call, CallError, ReceivedAudio, server_ice_servers
 
 log = logging.getLogger(__name__)
 CONNECT_WARMUP_S = 0.5  # silence before the WAV starts, so the first words are not lost to connection setup
 TAIL_S = 0.3  # after the last answer: its last packets are still on the wire
 ANSWER_PACKET = 3840  # samples (48 kHz) an answer packet decodes to: one 80 ms frame; silence packets are 960
-RETRYABLE = ("server_full", "not_ready")  # 503s that say when to come back (Retry-After)
+RETRYABLE = ("server_full", "not_ready", "draining")  # 503s that say when to come back (Retry-After)
 RETRY_S = 1.0  # when a 503 has no Retry-After
 GAP_S = 0.12  # answer packets (one per 80 ms) further apart than this on arrival: the caller hears the audio stop
 
@@ -29,12 +29,13 @@ GAP_S = 0.12  # answer packets (one per 80 ms) further apart than this on arriva
 async def run_call(url: str, wav: str, *, video: bool = False, record: str | None = None, token: str | None = None,
                    voice: str | None = None, instructions: str | None = None, answer_timeout_s: float = 60.0,
                    verify_tls: bool = True, ice_servers: tuple[str, ...] = (),
-                   ice_host_addresses: tuple[str, ...] = ()) -> dict[str, Any]:
+                   ice_host_addresses: tuple[str, ...] = (), relay_only: bool = False) -> dict[str, Any]:
     use_host_addresses(ice_host_addresses)
     samples, spans = load_speech(wav)
+    servers = ice_servers or await server_ice_servers(url, token, verify_tls)
     started = time.monotonic()
     call, mic, _ = await dial(url, video=video, token=token, voice=voice, instructions=instructions,
-                              ice_servers=ice_servers, verify_tls=verify_tls)
+                              ice_servers=servers, relay_only=relay_only, verify_tls=verify_tls)
     try:
         connected_ms = (time.monotonic() - started) * 1000
         mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))
