@@ -150,6 +150,17 @@ class Session:
         conv = await self._conv()
         await self.engine.run(conv.add_audio, samples, at)
 
+    async def push_text(self, text: str) -> None:
+        """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole
+        turn; `respond()` answers it. ValueError for text that is empty once tokenized."""
+        self._check_open()
+        if not isinstance(text, str):
+            raise ValueError("text must be a string")
+        if self._answering:
+            raise RuntimeError("an answer is in progress on this session: push text after it")
+        conv = await self._conv()
+        await self.engine.run(conv.add_text, text)
+
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait
         until the turn of their moment (the last `video_window_s` seconds of them); sides are rounded to multiples
@@ -183,8 +194,9 @@ class Session:
         if self._answering:
             raise RuntimeError("an answer is already in progress on this session")
         conv = await self._conv()
-        if not conv.has_audio():
-            raise ValueError("no caller audio in this turn: push at least 10 ms of audio before asking for an answer")
+        if not conv.has_audio() and not conv.typed:
+            raise ValueError("no caller audio or text in this turn: push at least 10 ms of audio, or text, before "
+                             "asking for an answer")
         self._answering = True
         self._interrupt = None
         steps = conv.answer()
