@@ -20,6 +20,7 @@ from ..media.video import sample_video
 from .metrics import Metrics
 from .protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, error_event, parse_client_message,
                        turn_description)
+from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
 FIRST_AUDIO_TIMEOUT_S = 8.0  # ICE and DTLS must be through by then (a failed ICE is freed within 10 s)
@@ -59,7 +60,7 @@ class EventChannel:
 class CallSession:
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
-                 on_closed: Callable[["CallSession"], None]) -> None:
+                 on_closed: Callable[["CallSession"], None], realtime: bool = False) -> None:
         self.id = "sess_" + secrets.token_urlsafe(9)
         self.settings = settings
         self.pc = pc
@@ -73,15 +74,24 @@ class CallSession:
         self._on_closed = on_closed
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
-        self.conversation = Conversation(engine_session, self.track, self.events.send, vad, settings.turn,
+        # a Realtime API client (/v1/realtime/calls) gets the Realtime events on "oai-events"; our page, ours
+        self.realtime = RealtimeEvents(self.events.send, "webrtc", self.id, describe.get("model"), voice,
+                                       instructions) if realtime else None
+        send = self.realtime.conversation_event if self.realtime else self.events.send
+        self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
                                          on_answer=self._answered)
+        if self.realtime:
+            self.realtime.bind(self.conversation)
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
 
     # ---- wiring -------------------------------------------------------------------------------------------
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label == "events":
+        if self.realtime is not None and channel.label == "oai-events":
+            self.events.attach(channel, self.realtime.receive)
+            self.realtime.opened()
+        elif self.realtime is None and channel.label == "events":
             self.events.attach(channel, self._on_message)
             self.events.send({"type": "session.created", "session": self.description()})
 

@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from ..conversation import EngineSession
 from ..media.ice import rtc_configuration
 from ..media.inbound import use_low_latency_audio
 from ..media.outbound import PACKET_S
@@ -89,6 +90,13 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
         parsed = parse_offer(await _json_body(request))
     except ProtocolError as exc:
         raise ApiError(400, exc.code, exc.message) from None
+    call = await open_call(state, parsed)
+    local = call.pc.localDescription
+    return web.json_response({"sdp": local.sdp, "type": local.type, "session_id": call.id})
+
+
+def check_capacity(state: ServerState) -> None:
+    """503 unless the model is ready and a call slot is free; reserves the slot (give it back with release())."""
     if not state.ready:
         state.metrics.rejected.labels("loading").inc()
         raise ApiError(503, "not_ready", "the model is still loading", {"Retry-After": str(RETRY_AFTER_LOADING_S)})
@@ -98,32 +106,41 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
         state.metrics.rejected.labels("full").inc()
         raise ApiError(503, "server_full", f"all {state.sessions.max_sessions} call slots are taken",
                        {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+
+
+async def open_call(state: ServerState, offer: Offer, realtime: bool = False) -> CallSession:
+    """Answers an offer with a new call (ApiError when it cannot be); `realtime`: its events are the Realtime
+    API's, on the `oai-events` channel."""
+    check_capacity(state)
     try:
-        call = await _start_call(state, parsed)
+        call = await _start_call(state, offer, realtime)
     finally:
         state.sessions.release()
     state.sessions.add(call)
     log.info("call %s started (%d active)", call.id, len(state.sessions))
-    local = call.pc.localDescription
-    return web.json_response({"sdp": local.sdp, "type": local.type, "session_id": call.id})
+    return call
 
 
-async def _start_call(state: ServerState, offer: Offer) -> CallSession:
+def new_engine_session(state: ServerState, voice: str, instructions: str) -> EngineSession:
     from ..engine import SessionOptions
 
+    try:
+        options = SessionOptions(voice=voice, instructions=instructions,
+                                 max_frames=max(1, round(state.settings.max_answer_s / PACKET_S)))
+        return state.engine.new_session(options)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_value", str(exc)) from None
+
+
+async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallSession:
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
-    try:
-        options = SessionOptions(voice=voice, instructions=instructions,
-                                 max_frames=max(1, round(settings.max_answer_s / PACKET_S)))
-        engine_session = state.engine.new_session(options)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_value", str(exc)) from None
+    engine_session = new_engine_session(state, voice, instructions)
     vad = await asyncio.to_thread(SpeechProbability)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
-                       instructions, on_closed=state.sessions.remove)
+                       instructions, on_closed=state.sessions.remove, realtime=realtime)
     try:
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
