@@ -167,7 +167,8 @@ class RealtimeEvents:
         self._ids = itertools.count(1)
         self._last_item: str | None = None  # the conversation's latest item
         self._user_item: str | None = None  # the caller's item being spoken
-        self._response: _Response | None = None
+        self._responses: dict[str, _Response] = {}  # by id: a cut answer may still wind down as the next begins
+        self._response: _Response | None = None  # the newest answer
         self._last_answer: str | None = None  # the latest answer's item (conversation.item.truncate names it)
 
     def bind(self, conversation: Conversation) -> None:
@@ -225,7 +226,7 @@ class RealtimeEvents:
         elif kind == "response.created":
             self._response_created(event["response"]["id"])
         elif kind == "response.output_audio_transcript.delta":
-            r = self._response
+            r = self._responses.get(event["response_id"])
             if r is not None:
                 r.transcript += event["delta"]
                 self.emit(kind, response_id=r.id, item_id=r.item_id, output_index=0, content_index=0,
@@ -260,7 +261,8 @@ class RealtimeEvents:
                 "usage": None, "metadata": None, **more}
 
     def _response_created(self, response_id: str) -> None:
-        r = self._response = _Response(response_id, self._new_id("item"), self._last_item)
+        r = self._response = self._responses[response_id] = _Response(response_id, self._new_id("item"),
+                                                                      self._last_item)
         self._last_answer = r.item_id
         self.emit("response.created", response=self._response_object(r, "in_progress", output=[]))
         item = self._item(r, "in_progress")
@@ -271,10 +273,11 @@ class RealtimeEvents:
                   content_index=0, part={"type": "audio", "transcript": ""})
 
     def _response_done(self, done: dict[str, Any]) -> None:
-        r = self._response
-        if r is None or r.id != done["id"]:
+        r = self._responses.pop(done["id"], None)
+        if r is None:
             return
-        self._response = None
+        if self._response is r:
+            self._response = None
         where = {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
         if self.transport == "websocket":
             self.emit("response.output_audio.done", **where)

@@ -206,10 +206,8 @@ async def _call_body(request: web.Request) -> tuple[str, Any]:
     if request.content_type != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send the offer as application/sdp or multipart/form-data")
     form = await request.post()
-    sdp, session = form.get("sdp"), form.get("session")
-    sdp = sdp.file.read().decode() if hasattr(sdp, "file") else sdp
-    session = session.file.read().decode() if hasattr(session, "file") else session
-    if not isinstance(sdp, str):
+    sdp, session = _form_text(form.get("sdp")), _form_text(form.get("session"))
+    if sdp is None:
         raise RealtimeError("missing_required_parameter", "the form needs an sdp part", "sdp")
     if session is None:
         return sdp, None
@@ -217,6 +215,19 @@ async def _call_body(request: web.Request) -> tuple[str, Any]:
         return sdp, json.loads(session)
     except ValueError:
         raise RealtimeError("invalid_json", "the session part is not JSON", "session") from None
+
+
+def _form_text(value: Any) -> str | None:
+    """A form part as text: aiohttp gives str (text/*), bytes or bytearray (other types, as the SDK's
+    application/sdp) or a FileField (a part with a file name)."""
+    if hasattr(value, "file"):
+        value = value.file.read()
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            raise RealtimeError("invalid_value", "form parts must be UTF-8 text") from None
+    return value
 
 
 async def hang_up(request: web.Request) -> web.Response:
