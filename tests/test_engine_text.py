@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_helpers import caller_audio, engine_for, greedy, run
+from engine_helpers import caller_audio, engine_for, greedy, recording_stock_codes, run
 from rtc_agent.engine import ResponseDone, SpeechFrame, TextDelta
 
 TOKENS, FRAMES = 8, 12
@@ -35,20 +35,10 @@ def test_typed_turn_equals_stock_generate_on_the_same_text():
               ids.im_end, ids.newline, ids.im_start, ids.user, ids.newline, *tok.encode(QUESTION, add_special_tokens=False),
               ids.im_end, ids.newline, ids.im_start, ids.assistant, ids.newline]
     input_ids = torch.tensor([prompt])
-    model, recorded = engine.model, {}
-    original = model.code2wav.chunked_decode
-
-    def recording_decode(codes, *args, **kwargs):  # observe the codes stock decodes; the decode itself is stock's
-        recorded["codes"] = codes.clone()
-        return original(codes, *args, **kwargs)
-
-    model.code2wav.chunked_decode = recording_decode
-    try:
-        sequences, _ = model.generate(input_ids=input_ids, speaker="ethan", return_audio=True,
-                                      thinker_max_new_tokens=TOKENS, thinker_do_sample=False,
-                                      talker_do_sample=False, talker_max_new_tokens=FRAMES + 1)
-    finally:
-        del model.code2wav.chunked_decode
+    with recording_stock_codes(engine.model) as recorded:
+        sequences, _ = engine.model.generate(input_ids=input_ids, speaker="ethan", return_audio=True,
+                                             thinker_max_new_tokens=TOKENS, thinker_do_sample=False,
+                                             talker_do_sample=False, talker_max_new_tokens=FRAMES + 1)
     stock_ids = sequences[0, input_ids.shape[1]:].tolist()
     assert texts and texts == stock_ids[:len(texts)]
     assert list(done.token_ids) == [t for t in stock_ids if t != ids.im_end]

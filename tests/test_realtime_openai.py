@@ -133,6 +133,26 @@ def test_websocket_with_the_openai_sdk_speech_text_cancel_barge_in_and_errors() 
                 assert cut.status == "cancelled" and cut.status_details.reason == "turn_detected"
                 assert (await rec.until("response.done")).response.status == "completed"  # the next turn's answer
 
+                # push-to-talk: no turn detection; speech waits for commit, then for response.create; clear drops
+                # speech not yet committed
+                await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+                assert (await rec.until("session.updated")).session.audio.input.turn_detection is None
+                await speak(conn, "Hello?", silence_s=0.6)
+                await rec.until("input_audio_buffer.speech_stopped")
+                await conn.input_audio_buffer.clear()
+                await rec.until("input_audio_buffer.cleared")
+                await conn.input_audio_buffer.commit()
+                assert (await rec.until("error")).error.code == "input_audio_buffer_commit_empty"
+                await speak(conn, "What time is it?", silence_s=0.6)
+                await conn.input_audio_buffer.commit()
+                await rec.until("input_audio_buffer.committed")
+                mark = len(rec.events)
+                await conn.send({"type": "barrier"})  # events are handled in order: its error comes after the rest
+                await rec.until("error")
+                assert not rec.of("response.created", mark)  # a commit alone does not answer
+                await conn.response.create()
+                assert (await rec.until("response.done")).response.status == "completed"
+
                 # what this server does not do: an error naming the client's event, and nothing changes
                 await conn.send({"type": "conversation.item.delete", "item_id": "x", "event_id": "evt_del"})
                 error = (await rec.until("error")).error
