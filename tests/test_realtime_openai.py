@@ -17,6 +17,9 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from rtc_agent.client.microphone import Microphone
 from rtc_agent.media.inbound import use_low_latency_audio
 from rtc_agent.media.pcm import to_pcm16
+from rtc_agent.config import TurnSettings
+from rtc_agent.server.protocol import ProtocolError
+from rtc_agent.server.realtime import RealtimeError, parse_session
 from rtc_agent.server.realtime_http import ClientSecrets
 from rtc_agent.server.state import STATE
 
@@ -310,3 +313,37 @@ def test_http_errors_cors_and_bad_bodies() -> None:
                     assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
 
     run(main(), timeout_s=120)
+
+
+@pytest.mark.parametrize("session, param", [
+    ({"type": "transcription"}, "session.type"),
+    ({"audio": []}, "session.audio"),
+    ({"audio": {"input": [1]}}, "session.audio.input"),
+    ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format"),
+    ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "session.audio.output.format"),
+    ({"audio": {"input": {"turn_detection": {"type": "server_vad", "create_response": False}}}},
+     "session.audio.input.turn_detection.create_response"),
+    ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}},
+     "session.audio.input.turn_detection.idle_timeout_ms"),
+    ({"audio": {"output": {"speed": 1.5}}}, "session.audio.output.speed"),
+    ({"output_modalities": ["text"]}, "session.output_modalities"),
+    ({"prompt": {"id": "pmpt_1"}}, "session.prompt"),
+])
+def test_session_settings_this_server_cannot_honour_are_refused_by_name(session: dict[str, Any], param: str) -> None:
+    with pytest.raises(RealtimeError) as err:
+        parse_session(session, TurnSettings())
+    assert err.value.param == param
+
+
+def test_session_settings_map_onto_ours() -> None:
+    update = parse_session({"type": "realtime", "model": "gpt-realtime", "tracing": "auto", "instructions": "Hi.",
+                            "output_modalities": ["audio"], "tools": [], "audio": {
+                                "input": {"format": {"type": "audio/pcm", "rate": 24000}, "transcription": None,
+                                          "turn_detection": {"type": "server_vad", "threshold": 0.6,
+                                                             "silence_duration_ms": 300, "create_response": True}},
+                                "output": {"voice": "aiden", "speed": 1}}}, TurnSettings())
+    assert (update.voice, update.instructions) == ("aiden", "Hi.")
+    assert (update.turn.vad_threshold, update.turn.silence_ms, update.turn.auto) == (0.6, 300, True)
+    assert parse_session({"audio": {"input": {"turn_detection": None}}}, TurnSettings()).turn.auto is False
+    with pytest.raises(ProtocolError):  # our own checks still apply
+        parse_session({"audio": {"output": {"voice": "alloy"}}}, TurnSettings())

@@ -99,6 +99,9 @@ def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
 def _audio(audio: Any, param: str) -> dict[str, Any]:
     if not isinstance(audio, dict) or set(audio) - {"input", "output"}:
         raise RealtimeError("invalid_value", f"{param} takes input and output", param)
+    for side in ("input", "output"):
+        if not isinstance(audio.get(side) or {}, dict):
+            raise RealtimeError("invalid_value", f"{param}.{side} must be an object", f"{param}.{side}")
     ours: dict[str, Any] = {}
     for key, value in (audio.get("input") or {}).items():
         p = f"{param}.input.{key}"
