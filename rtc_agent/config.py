@@ -36,7 +36,7 @@ class Settings:
     key: str | None = None  # TLS private key (PEM)
     self_signed: bool = False  # make a self-signed certificate (phones on a LAN need HTTPS)
     token: str | None = None  # when set, /api/* needs "Authorization: Bearer <token>"
-    max_sessions: int = 4
+    max_sessions: int = 0  # concurrent calls = engine session slots; 0: as many as fit in GPU memory (4 on a CPU)
     ice_servers: tuple[str, ...] = ()  # stun:host:port, turn:user:pass@host:port?transport=udp
     ice_host_addresses: tuple[str, ...] = ()  # host candidate addresses; empty: all but loopback (aioice)
     model: str = "tiny"
@@ -127,8 +127,8 @@ def validate(s: Settings) -> None:
         raise ValueError("--cert and --key go together")
     if not 0.08 <= s.max_answer_s <= 600:
         raise ValueError("max_answer_s must be between 0.08 and 600")
-    if s.max_sessions < 1:
-        raise ValueError("max_sessions must be at least 1")
+    if s.max_sessions < 0:
+        raise ValueError("max_sessions must be at least 1, or 0 for as many as fit")
     if not 0.1 <= s.video_fps <= MAX_VIDEO_FPS:
         raise ValueError(f"video_fps must be between 0.1 and {MAX_VIDEO_FPS:g}")
     if not (VISION_BLOCK <= s.video_max_side <= MAX_VIDEO_SIDE and s.video_max_side % VISION_BLOCK == 0):
@@ -156,7 +156,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--self-signed", action="store_true", default=None,
                    help="serve HTTPS with a generated self-signed certificate (phones on a LAN)")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/* (the page takes ?token=)")
-    p.add_argument("--max-sessions", type=int, help=f"concurrent calls (default {d.max_sessions}); more get 503")
+    p.add_argument("--max-sessions", type=int, help="concurrent calls, each a session slot made at start-up (default: "
+                   "as many as fit in GPU memory after the weights, at most 16; 4 on a CPU); more get 503")
     p.add_argument("--ice-server", dest="ice_servers", action="append",
                    help="STUN/TURN server, repeatable: stun:host:port or turn:user:pass@host:port?transport=udp")
     p.add_argument("--ice-host-address", dest="ice_host_addresses", action="append",

@@ -246,12 +246,16 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     check_capacity(state)
     try:
         engine_session = new_engine_session(state, s.voice, s.instructions)
-        vad = await asyncio.to_thread(SpeechProbability)
-        ws = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
-        await ws.prepare(request)
+        try:
+            vad = await asyncio.to_thread(SpeechProbability)
+            ws = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
+            await ws.prepare(request)
+        except BaseException:  # (the client went away during the upgrade)
+            await engine_session.close()
+            raise
         socket = RealtimeSocket(ws, s, engine_session, vad, state.metrics, state.engine.describe().get("model"),
                                 s.voice, s.instructions, on_closed=state.sessions.remove)
-        if update is not None:
+        if update is not None:  # checked when the secret was minted
             socket.realtime.apply(update)
     finally:
         state.sessions.release()

@@ -122,7 +122,7 @@ async def open_call(state: ServerState, offer: Offer, realtime: bool = False) ->
 
 
 def new_engine_session(state: ServerState, voice: str, instructions: str) -> EngineSession:
-    from ..engine import SessionOptions
+    from ..engine import EngineFullError, SessionOptions
 
     try:
         options = SessionOptions(voice=voice, instructions=instructions,
@@ -130,6 +130,9 @@ def new_engine_session(state: ServerState, voice: str, instructions: str) -> Eng
         return state.engine.new_session(options)
     except ValueError as exc:
         raise ApiError(400, "invalid_value", str(exc)) from None
+    except EngineFullError as exc:
+        state.metrics.rejected.labels("full").inc()
+        raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
 
 
 async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallSession:
