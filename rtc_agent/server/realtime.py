@@ -384,9 +384,9 @@ class RealtimeEvents:
         if wanted is not None and (r is None or wanted != r.id):
             raise RealtimeError("response_cancel_not_active", f"{str(wanted)[:64]} is not the active response",
                                 "response_id")
-        self.conversation.cancel_response()
         if r is not None:
             r.cancel_reason = "client_cancelled"
+        self.conversation.cancel_response()
 
     def _output_clear(self, event: dict[str, Any]) -> None:
         if self.transport != "webrtc":
