@@ -25,7 +25,8 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -e ".[test]"
 # The official Realtime agents SDK (npm), for tests/browser/test_realtime_sdk.py: installed as a user would,
 # from the committed package-lock.json.
-if command -v npm >/dev/null 2>&1; then
-    (cd tests/browser/realtime_sdk && npm ci --no-audit --no-fund --loglevel=error)
+sdk=tests/browser/realtime_sdk
+if command -v npm >/dev/null 2>&1 && ! [ "$sdk/node_modules/.package-lock.json" -nt "$sdk/package-lock.json" ]; then
+    (cd "$sdk" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 echo "setup: done (.venv/bin/rtc-agent)"

@@ -251,6 +251,15 @@ def test_webrtc_call_with_a_client_secret_through_the_openai_sdk() -> None:
                              "response.output_item.added", "response.output_audio_transcript.delta"):
                     assert kind in kinds
                 assert "response.output_audio.delta" not in kinds  # on WebRTC the audio is RTP
+                # the agents SDK's interrupt: the answer's audio cleared mid-way
+                mic.play(speech("Tell me more."))
+                await next_of(q, "output_audio_buffer.started", seen)
+                channel.send('{"type": "output_audio_buffer.clear"}')
+                cut = (await next_of(q, "response.done", seen))["response"]
+                assert cut["status"] == "cancelled" and cut["status_details"]["reason"] == "client_cancelled"
+                assert (await next_of(q, "output_audio_buffer.cleared", seen))["response_id"] == cut["id"]
+                assert cut["metrics"]["frames_sent"] < 2.0 / 0.08
+
                 channel.send('{"type": "input_audio_buffer.append", "audio": "", "event_id": "e2"}')
                 error = (await next_of(q, "error", seen))["error"]
                 assert (error["code"], error["event_id"]) == ("unsupported_event", "e2")
