@@ -20,6 +20,7 @@ from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
 MAX_UNSENT_EVENTS = 4096  # a client that stops reading is disconnected rather than buffered without end
+CHUNKS_PER_YIELD = 32  # ~1 s of audio through the turn detector (~10 ms of CPU), then other calls get the loop
 
 
 class RealtimeSocket:
@@ -41,6 +42,7 @@ class RealtimeSocket:
         self.realtime.bind(self.conversation)
         self.realtime.on_audio = self._audio
         self._input = PcmInput(CHUNK_SAMPLES)
+        self._appended: list[bytes] = []  # audio of the event being handled, fed before the next event
 
     def _send(self, event: dict[str, Any]) -> None:
         if self._unsent.qsize() >= MAX_UNSENT_EVENTS:
@@ -49,8 +51,17 @@ class RealtimeSocket:
         self._unsent.put_nowait(json.dumps(event, separators=(",", ":")))
 
     def _audio(self, data: bytes) -> None:
-        for chunk in self._input.push(data):
-            self.conversation.feed(chunk)
+        self._appended.append(data)
+
+    async def _feed(self) -> None:
+        """The appended audio into the conversation, in order, before the client's next event is handled; a long
+        append (a file sent at once) lets the event loop serve other calls as it goes."""
+        appended, self._appended = self._appended, []
+        for data in appended:
+            for i, chunk in enumerate(self._input.push(data), 1):
+                self.conversation.feed(chunk)
+                if i % CHUNKS_PER_YIELD == 0:
+                    await asyncio.sleep(0)
 
     def _answered(self, metrics: dict[str, Any]) -> None:
         self._metrics.answer(metrics)
@@ -66,6 +77,7 @@ class RealtimeSocket:
             async for msg in self.ws:
                 if msg.type == WSMsgType.TEXT:
                     self.realtime.receive(msg.data)
+                    await self._feed()
                 elif msg.type == WSMsgType.BINARY:
                     self.realtime.error("invalid_json", "events are JSON text frames")
         finally:
