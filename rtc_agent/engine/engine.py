@@ -29,6 +29,7 @@ from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FLUSH_AFTER_SILENCE_MS = 160  # a call server flushes after a pause this long inside a turn (commas pause 96-160 ms)
 
 
 class Engine:
@@ -199,6 +200,13 @@ class Session:
             raise RuntimeError("an answer is in progress on this session: push text after it")
         conv = await self._conv()
         await self.engine.run(conv.add_text, text)
+
+    async def flush(self) -> None:
+        """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
+        has only what comes after to encode). No effect during an answer."""
+        self._check_open()
+        if self._conversation is not None and not self._answering:
+            await self.engine.run(self._conversation.flush)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait

@@ -27,12 +27,13 @@ log = logging.getLogger(__name__)
 
 URGENT, NORMAL = 0, 1
 MIN_LEAD_S = 0.24  # three frames: below this an answer's next frame goes before any job
+MAX_JOB_WAIT_S = 0.1
 
 
 class Worker:
     def __init__(self, name: str, step: Callable[[list[Answer]], None]) -> None:
         self._step = step
-        self._jobs: list[tuple[int, int, Callable[[], Any], Future]] = []
+        self._jobs: list[tuple[int, int, float, Callable[[], Any], Future]] = []
         self._order = itertools.count()
         self._answers: list[Answer] = []  # touched on the worker thread only
         self._wake = threading.Condition()
@@ -46,7 +47,7 @@ class Worker:
         with self._wake:
             if self._closed:
                 raise RuntimeError("the engine is closed")
-            heapq.heappush(self._jobs, (priority, next(self._order), fn, future))
+            heapq.heappush(self._jobs, (priority, next(self._order), time.perf_counter(), fn, future))
             self._wake.notify()
         return future
 
@@ -57,7 +58,7 @@ class Worker:
     def close(self) -> None:
         with self._wake:
             self._closed = True
-            for _, _, _, future in self._jobs:
+            for *_, future in self._jobs:
                 future.cancel()
             self._jobs.clear()
             self._wake.notify()
@@ -69,10 +70,11 @@ class Worker:
                 if self._closed:
                     raise _Closed
                 if self._jobs:
-                    urgent = self._jobs[0][0] == URGENT
+                    priority, _, asked, _, _ = self._jobs[0]
                     now = time.perf_counter()
-                    if urgent or min((a.lead_s(now) for a in self._answers), default=1.0) >= MIN_LEAD_S:
-                        _, _, fn, future = heapq.heappop(self._jobs)
+                    lead = min((a.lead_s(now) for a in self._answers), default=MIN_LEAD_S)
+                    if priority == URGENT or lead >= MIN_LEAD_S or now - asked >= MAX_JOB_WAIT_S:
+                        *_, fn, future = heapq.heappop(self._jobs)
                         return fn, future
                 if self._answers:
                     return None
