@@ -316,6 +316,16 @@ def test_http_errors_cors_and_bad_bodies() -> None:
                     assert r.status == 400 and (await r.json())["error"]["param"] == "session.tools"
                 async with http.get(f"{url}/v1/realtime?model=tiny") as r:  # no key: no socket
                     assert r.status == 401
+                async with http.post(f"{url}/v1/realtime/client_secrets", headers=auth, json={
+                        "session": {"type": "realtime", "audio": {"output": {"voice": "aiden"}}}}) as r:
+                    key = (await r.json())["value"]
+                # a browser's WebSocket carries its key as a subprotocol; the secret's settings apply
+                async with http.ws_connect(f"{url}/v1/realtime?model=tiny",
+                                           protocols=("realtime", f"openai-insecure-api-key.{key}")) as ws:
+                    assert ws.protocol == "realtime"
+                    created = await ws.receive_json(timeout=10)
+                    assert created["type"] == "session.created"
+                    assert created["session"]["audio"]["output"]["voice"] == "aiden"
                 async with http.post(f"{url}/v1/realtime/calls/sess_nope/hangup", headers=auth) as r:
                     assert r.status == 404
                 async with http.get(f"{url}/v1/models", headers=auth) as r:
