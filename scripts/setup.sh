@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 apt_packages=(espeak-ng sox chromium coturn haproxy iproute2 nftables)
 missing=()
 for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)  # the Realtime agents SDK's browser test
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         echo "setup: installing system packages: ${missing[*]}"
@@ -23,4 +24,10 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # The CPU build of torch lies on this machine's disk; installing it first keeps pip from fetching a CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==${TORCH_VERSION:-2.13.0}"
 "${pip[@]}" -e ".[test]"
+# The official Realtime agents SDK (npm), for tests/browser/test_realtime_sdk.py: installed as a user would,
+# from the committed package-lock.json.
+sdk=tests/browser/realtime_sdk
+if command -v npm >/dev/null 2>&1 && ! [ "$sdk/node_modules/.package-lock.json" -nt "$sdk/package-lock.json" ]; then
+    (cd "$sdk" && npm ci --no-audit --no-fund --loglevel=error)
+fi
 echo "setup: done (.venv/bin/rtc-agent)"

@@ -118,6 +118,7 @@ class Conversation:
         self._last_answer: tuple[int, list[int]] | None = None  # (cache position, tokens) of the latest answer
         self.turn: Turn | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
+        self.typed: list[int] = []  # text ids the caller typed in this turn (they follow its audio)
         self.audio_clock = 0.0  # media-clock time just after the last audio pushed
         self._turn_start_at = 0.0  # media-clock time of the first sample of the turn being pushed
         vision = core.model.config.thinker_config.vision_config
@@ -159,6 +160,13 @@ class Conversation:
         if self.core.options.video_window_s:
             self.video.add(image, at)
 
+    def add_text(self, text: str) -> None:
+        """Text the caller typed: it joins the caller's turn, after the turn's audio (a turn may be text only)."""
+        ids = self.core.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ValueError("the text is empty")
+        self.typed += ids
+
     def has_audio(self) -> bool:
         return len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.segment.audio))
 
@@ -185,6 +193,19 @@ class Conversation:
         self._place_turn()
         grids = vision_input.encode(self.core.model.thinker, [pair for _, pair in held]) if held else []
         return [layout.opening([(second, grid) for (second, _), grid in zip(held, grids)])]
+
+    def _open_typed_turn(self, rest: list[int]) -> list[Piece]:
+        """Start a caller turn that is only text: its header and `rest`, at consecutive positions (video waits
+        for the next spoken turn)."""
+        if not self.segments:
+            self._append(Segment("system", self._system_ids()))
+        self._make_room(0)
+        per_second = self.core.model.config.thinker_config.position_id_per_seconds
+        layout = TurnLayout(self.ids, False, per_second)
+        self.turn = Turn(Segment("user", [], np.zeros((3, 0), dtype=np.int64)), layout, self.audio_clock)
+        self._place_turn()
+        ids = [self.ids.im_start, self.ids.user, self.ids.newline, *rest]
+        return [Piece(ids, [np.arange(len(ids))[None].repeat(3, 0)])]
 
     def _audio_piece(self, samples: np.ndarray) -> Piece:
         """Encode a stretch of the turn's audio, with the video seconds that start in it."""
@@ -343,11 +364,15 @@ class Conversation:
         i = self.ids
         tail = self.pending
         self.pending = np.zeros(0, dtype=np.float32)
-        pieces = self._open_turn()
-        if len(tail) >= audio_input.MEL_HOP:
-            pieces.append(self._audio_piece(tail))
+        typed, self.typed = self.typed, []
         header = [i.im_start, i.assistant, i.newline]
-        pieces.append(self.turn.layout.closing(header))
+        if self.turn is None and len(tail) < audio_input.MEL_HOP:  # a typed turn: no audio block
+            pieces = self._open_typed_turn([*typed, i.im_end, i.newline, *header])
+        else:
+            pieces = self._open_turn()
+            if len(tail) >= audio_input.MEL_HOP:
+                pieces.append(self._audio_piece(tail))
+            pieces.append(self.turn.layout.closing(header, typed))
         logits = self._prefill_turn(pieces, trailer=len(header))
         self.segments.append(self.turn.segment)
         self.turn = None

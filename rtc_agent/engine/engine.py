@@ -192,6 +192,17 @@ class Session:
         conv = await self._conv()
         await self.engine.run(conv.add_audio, samples, at)
 
+    async def push_text(self, text: str) -> None:
+        """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole
+        turn; `respond()` answers it. ValueError for text that is empty once tokenized."""
+        self._check_open()
+        if not isinstance(text, str):
+            raise ValueError("text must be a string")
+        if self._answering:
+            raise RuntimeError("an answer is in progress on this session: push text after it")
+        conv = await self._conv()
+        await self.engine.run(conv.add_text, text)
+
     async def flush(self) -> None:
         """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
         has only what comes after to encode). No effect during an answer."""
@@ -232,8 +243,9 @@ class Session:
         if self._answering:
             raise RuntimeError("an answer is already in progress on this session")
         conv = await self._conv()
-        if not conv.has_audio():
-            raise ValueError("no caller audio in this turn: push at least 10 ms of audio before asking for an answer")
+        if not conv.has_audio() and not conv.typed:
+            raise ValueError("no caller audio or text in this turn: push at least 10 ms of audio, or text, before "
+                             "asking for an answer")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event | Exception] = asyncio.Queue()
         self._interrupt = None

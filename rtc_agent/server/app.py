@@ -18,6 +18,7 @@ from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
 from .metrics import Metrics
 from .protocol import turn_description
+from .realtime_http import add_realtime_routes, realtime_middleware
 from .sessions import Sessions
 from .signaling import ApiError, api_errors, hang_up, offer, session_status
 from .state import STATE, ServerState
@@ -34,13 +35,14 @@ def create_app(settings: Settings, engine: Any = None) -> web.Application:
     use_host_addresses(settings.ice_host_addresses)
     metrics = Metrics()
     state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors, realtime_middleware])
     app[STATE] = state
     app.router.add_post("/api/offer", offer)
     app.router.add_get("/api/sessions/{session_id}", session_status)
     app.router.add_delete("/api/sessions/{session_id}", hang_up)
     app.router.add_get("/api/config", client_config)
     app.router.add_route("*", "/api/{rest:.*}", api_not_found)
+    add_realtime_routes(app)  # /v1/realtime: the OpenAI Realtime API's calls, WebSocket and client secrets
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/capacity", capacity)

@@ -21,6 +21,7 @@ from ..media.video import sample_video
 from .metrics import Metrics
 from .protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, error_event, parse_client_message,
                        turn_description)
+from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
 FIRST_AUDIO_TIMEOUT_S = 8.0  # ICE and DTLS must be through by then (a failed ICE is freed within 10 s)
@@ -69,7 +70,7 @@ class CallSession:
 
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
-                 on_closed: Callable[["CallSession"], None]) -> None:
+                 on_closed: Callable[["CallSession"], None], realtime: bool = False) -> None:
         self.id = "sess_" + secrets.token_urlsafe(9)
         self.resume_token = secrets.token_urlsafe(24)
         self.settings = settings
@@ -86,8 +87,14 @@ class CallSession:
         self._closing: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None  # while parked: ends the call when nobody resumes it
         self._retired: set[asyncio.Task[None]] = set()  # old peer connections being closed
-        self.conversation = Conversation(engine_session, self.track, self.events.send, vad, settings.turn,
+        # a Realtime API client (/v1/realtime/calls) gets the Realtime events on "oai-events"; our page, ours
+        self.realtime = RealtimeEvents(self.events.send, "webrtc", self.id, describe.get("model"), voice,
+                                       instructions) if realtime else None
+        send = self.realtime.conversation_event if self.realtime else self.events.send
+        self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
                                          on_answer=self._answered)
+        if self.realtime:
+            self.realtime.bind(self.conversation)
         self._wire(pc)
 
     @property
@@ -106,7 +113,10 @@ class CallSession:
         pc.on("connectionstatechange", lambda: pc is self.pc and self._on_connection_state())
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label == "events":
+        if self.realtime is not None and channel.label == "oai-events":
+            self.events.attach(channel, self.realtime.receive)
+            self.realtime.opened()
+        elif self.realtime is None and channel.label == "events":
             self.events.attach(channel, self._on_message)
             self.events.send({"type": "session.created", "session": self.description()})
 

@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from ..conversation import EngineSession
 from ..media.ice import rtc_configuration
 from ..media.inbound import use_low_latency_audio
 from ..media.outbound import PACKET_S, OutboundAudioTrack
@@ -93,6 +94,13 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
         raise ApiError(400, exc.code, exc.message) from None
     if parsed.resume_token is not None:
         return await _resume_call(state, parsed)
+    call = await open_call(state, parsed)
+    return _answer_response(call.pc, call.id)
+
+
+def check_capacity(state: ServerState) -> None:
+    """503 unless the model is ready, the server is not draining and a call slot is free; reserves the slot (give
+    it back with release())."""
     if not state.ready:
         state.metrics.rejected.labels("loading").inc()
         raise ApiError(503, "not_ready", "the model is still loading", {"Retry-After": str(RETRY_AFTER_LOADING_S)})
@@ -106,13 +114,19 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
         state.metrics.rejected.labels("full").inc()
         raise ApiError(503, "server_full", f"all {state.sessions.max_sessions} call slots are taken",
                        {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+
+
+async def open_call(state: ServerState, offer: Offer, realtime: bool = False) -> CallSession:
+    """Answers an offer with a new call (ApiError when it cannot be); `realtime`: its events are the Realtime
+    API's, on the `oai-events` channel."""
+    check_capacity(state)
     try:
-        call = await _start_call(state, parsed)
+        call = await _start_call(state, offer, realtime)
     finally:
         state.sessions.release()
     state.sessions.add(call)
     log.info("call %s started (%d active)", call.id, len(state.sessions))
-    return _answer_response(call.pc, call.id)
+    return call
 
 
 def _answer_response(pc: RTCPeerConnection, session_id: str) -> web.Response:
@@ -138,25 +152,29 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
     return _answer_response(pc, call.id)
 
 
-async def _start_call(state: ServerState, offer: Offer) -> CallSession:
+def new_engine_session(state: ServerState, voice: str, instructions: str) -> EngineSession:
     from ..engine import EngineFullError, SessionOptions
 
-    settings = state.settings
-    voice = offer.voice or settings.voice
-    instructions = offer.instructions if offer.instructions is not None else settings.instructions
     try:
         options = SessionOptions(voice=voice, instructions=instructions,
-                                 max_frames=max(1, round(settings.max_answer_s / PACKET_S)))
-        engine_session = state.engine.new_session(options)
+                                 max_frames=max(1, round(state.settings.max_answer_s / PACKET_S)))
+        return state.engine.new_session(options)
     except ValueError as exc:
         raise ApiError(400, "invalid_value", str(exc)) from None
     except EngineFullError as exc:
         state.metrics.rejected.labels("full").inc()
         raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+
+
+async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallSession:
+    settings = state.settings
+    voice = offer.voice or settings.voice
+    instructions = offer.instructions if offer.instructions is not None else settings.instructions
+    engine_session = new_engine_session(state, voice, instructions)
     vad = await asyncio.to_thread(SpeechProbability)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
-                       instructions, on_closed=state.sessions.remove)
+                       instructions, on_closed=state.sessions.remove, realtime=realtime)
     try:
         await _answer_offer(pc, offer.sdp, call.track)
     except BaseException:
