@@ -189,8 +189,9 @@ async def serve(settings: Settings) -> int:
         site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
         await site.start()
         host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
-        log.info("listening on %s://%s:%d/ (token %s, up to %s calls)", settings.scheme, host, settings.port,
-                 "required" if settings.token else "not required", settings.max_sessions or "as many as fit")
+        log.info("listening on %s://%s:%d/ (token %s, %s)", settings.scheme, host, settings.port,
+                 "required" if settings.token else "not required",
+                 f"up to {settings.max_sessions} calls" if settings.max_sessions else "as many calls as fit")
         stop, drain = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, stop.set)
