@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import CapturedStep, DeviceCopy, replay_at
+from .graphs import CapturedStep, DeviceCopy, begin_rows, commit_rows, replay_at
 from .kv_cache import StaticKVCache
 from .stack import run_stack
 
@@ -114,7 +114,7 @@ class Code2WavRows:
         self.history = param.new_zeros(slots, config.hidden_size, context)
         self.rows = [StreamingCode2Wav(code2wav, max_frames, context, graphs, self.cache.row(b), self.history[b:b + 1])
                      for b in range(slots)]
-        self._inputs = DeviceCopy((2, slots), torch.long, param.device)  # a step's positions and which rows step
+        self._inputs = DeviceCopy((3, slots), torch.long, param.device)  # a step's positions, deltas, active rows
         self._views: dict[int, StaticKVCache] = {}
         self._steps: dict[int, CapturedStep] = {}
 
@@ -144,19 +144,7 @@ class Code2WavRows:
         returns samples [rows, 1920] (rows sitting out: meaningless)."""
         count = len(stepping)
         step = self._step_for(count)  # (a capture sets the positions: before they are filled in)
-        view = self._views[count]
-        self._inputs.wait_sent()
-        host = self._inputs.host
-        host[0], host[1] = self.cache.scratch, 0
-        for i, row in enumerate(stepping):
-            if row is not None:
-                cache = self.rows[row].cache
-                cache.begin(1)
-                host[0, i], host[1, i] = cache.length, 1
-        inputs = self._inputs.send()
-        view.position.copy_(inputs[0, :count])
-        samples = step(codes, inputs[1, :count].bool())
-        for row in stepping:
-            if row is not None:
-                self.rows[row].cache.commit()
+        caches = [self.rows[row].cache if row is not None else None for row in stepping]
+        samples = step(codes, begin_rows(self._views[count], caches, self._inputs))
+        commit_rows(caches)
         return samples

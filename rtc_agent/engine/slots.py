@@ -19,7 +19,7 @@ import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
-from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill
+from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, fused_active, gumbel_noise
 from .stack import run_stack
@@ -118,7 +118,7 @@ class SlotPool:
         # The Thinker's steps next to the frames, on a high-priority stream: a stream of its own (torch hands out
         # normal-priority streams round-robin from a pool of 32) and first on the GPU when both streams have work.
         self.side_stream = torch.cuda.Stream(core.device, priority=-1) if graphs and options.overlap else None
-        self._step_inputs = DeviceCopy((2, count), torch.long, core.device)  # a step's positions and rope deltas
+        self._step_inputs = DeviceCopy((3, count), torch.long, core.device)  # a step's positions, deltas, active rows
         self._ids = DeviceCopy((count, 1), torch.long, core.device)  # a Thinker step's input tokens
         self._tokens = HostCopy((count,), torch.long, core.device)  # its chosen tokens
         if core.speech:  # each frame's codes and samples
@@ -200,28 +200,16 @@ class SlotPool:
         next to whatever the main stream does until `tokens()` is called."""
         count = len(rows)
         step = self._thinker_step(count)  # (a capture sets the positions: before they are filled in)
-        view = self._views[count]
-        self._step_inputs.wait_sent()
+        caches = [row[0].cache if row is not None else None for row in rows]
         self._ids.wait_sent()
-        host, ids = self._step_inputs.host, self._ids.host
-        host[0], host[1], ids[:] = self.cache.scratch, 0, 0
         for i, row in enumerate(rows):
-            if row is not None:
-                slot, previous, _ = row
-                slot.cache.begin(1)
-                host[0, i], host[1, i], ids[i, 0] = slot.cache.length, slot.cache.rope_delta, previous
-        stream = self.side_stream if overlap and self.side_stream is not None else torch.cuda.current_stream() \
-            if self.graphs else None
-        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with context:
-            inputs = self._step_inputs.send()
-            view.position.copy_(inputs[0, :count])
-            view.rope_delta_tensor.copy_(inputs[1, :count])
+            self._ids.host[i, 0] = row[1] if row is not None else 0
+        stream = self.side_stream if overlap else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            begin_rows(self._views[count], caches, self._step_inputs)
             logits = step(self._ids.send()[:count])
             self._tokens.start(choose_rows(logits, [r and r[2] for r in rows], samplings))
-        for row in rows:
-            if row is not None:
-                row[0].cache.commit()
+        commit_rows(caches)
 
     def tokens(self) -> list[int]:
         """The tokens of the batch `start_tokens` queued (waits for that step only)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill
+from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_noise
 from .stack import explicit_positions, run_stack
@@ -141,21 +141,9 @@ class Talker:
         count = len(rows)
         cache, _ = self._view(count)
         step = self._step_for(count, sampling)  # (a capture sets the positions: before they are filled in)
-        self._step_inputs.wait_sent()
-        host = self._step_inputs.host
-        host[0], host[1], host[2] = self.cache.scratch, 0, 0  # rows sitting out: scratch position, inactive
-        for i, index in enumerate(rows):
-            if index is not None:
-                row = self.rows[index].cache
-                row.begin(1)
-                host[0, i], host[1, i], host[2, i] = row.length, row.rope_delta, 1
-        inputs = self._step_inputs.send()
-        cache.position.copy_(inputs[0, :count])
-        cache.rope_delta_tensor.copy_(inputs[1, :count])
-        step(codes, text, noise, inputs[2, :count].bool())
-        for index in rows:
-            if index is not None:
-                self.rows[index].cache.commit()
+        caches = [self.rows[index].cache if index is not None else None for index in rows]
+        step(codes, text, noise, begin_rows(cache, caches, self._step_inputs))
+        commit_rows(caches)
         self.start_code0_copy()
 
     def start_code0_copy(self) -> None:
