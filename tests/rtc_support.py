@@ -113,10 +113,10 @@ async def server(engine_: Any = "shared", ssl_context: Any = None, **overrides: 
                  ) -> AsyncIterator[tuple[str, web.Application]]:
     """A real server on a free loopback port; yields its URL and app. engine_: "shared" (the tiny engine of this
     process), None (the server loads its own in the background), or an engine."""
-    from rtc_agent.server.app import create_app
+    from rtc_agent.server.app import create_app, make_runner
 
     app = create_app(settings(**overrides), engine=engine() if engine_ == "shared" else engine_)
-    runner = web.AppRunner(app)
+    runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
     await site.start()

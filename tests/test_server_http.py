@@ -29,6 +29,8 @@ pytestmark = pytest.mark.timeout(180)
 async def post(url: str, body: Any = None, *, raw: bytes | None = None, token: str | None = None
                ) -> tuple[int, dict[str, Any], dict[str, str]]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if raw is not None:
+        headers["Content-Type"] = "application/json"
     async with aiohttp.ClientSession() as http:
         kwargs: dict[str, Any] = {"data": raw} if raw is not None else {"json": body}
         async with http.post(f"{url}/api/offer", headers=headers, **kwargs) as r:
@@ -58,7 +60,7 @@ def test_bad_offers_get_400_with_a_json_error_and_the_server_keeps_working() -> 
                 ({"sdp": good, "type": "offer", "voice": "bob"}, None, "invalid_value"),
                 ({"sdp": good, "type": "offer", "instructions": 42}, None, "invalid_value"),
                 ({"sdp": "v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n", "type": "offer"}, None, "invalid_sdp"),
-                ({"sdp": "v=0\r\nthis is not sdp\r\n", "type": "offer"}, None, "no_audio"),
+                ({"sdp": "v=0\r\nthis is not sdp\r\n", "type": "offer"}, None, "invalid_sdp"),
             ]
             for body, raw, code in cases:
                 status, data, _ = await post(url, body, raw=raw)

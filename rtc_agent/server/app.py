@@ -13,10 +13,13 @@ from aiohttp.abc import AbstractAccessLogger
 from ..config import VOICES, Settings
 from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
+from .errors import ApiError
+from .guard import api_guard
+from .limits import Runner, rate_limit_logging
 from .metrics import Metrics
 from .protocol import turn_description
 from .sessions import Sessions
-from .signaling import ApiError, api_errors, hang_up, offer
+from .signaling import hang_up, offer
 from .state import STATE, ServerState
 
 log = logging.getLogger("rtc_agent.server")
@@ -29,7 +32,7 @@ def create_app(settings: Settings, engine: Any = None) -> web.Application:
     use_host_addresses(settings.ice_host_addresses)
     metrics = Metrics()
     state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_guard])
     app[STATE] = state
     app.router.add_post("/api/offer", offer)
     app.router.add_delete("/api/sessions/{session_id}", hang_up)
@@ -144,10 +147,19 @@ class AccessLogger(AbstractAccessLogger):
 
 
 # ---- serve --------------------------------------------------------------------------------------------------
+def make_runner(app: web.Application, **kwargs: Any) -> Runner:
+    """The app's runner with the server's HTTP limits (limits.py)."""
+    state = app[STATE]
+    s = state.settings
+    return Runner(app, request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
+                  on_refused=state.metrics.connections_refused.inc, **kwargs)
+
+
 async def serve(settings: Settings) -> int:
     """Runs the server until SIGINT/SIGTERM (0) or until the model fails to load (1)."""
+    rate_limit_logging()
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log_class=AccessLogger, handle_signals=False)
+    runner = make_runner(app, access_log_class=AccessLogger, handle_signals=False)
     await runner.setup()
     try:
         ssl_context = tls.server_context(settings)
