@@ -24,6 +24,7 @@ from .protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, err
 log = logging.getLogger(__name__)
 FIRST_AUDIO_TIMEOUT_S = 8.0  # ICE and DTLS must be through by then (a failed ICE is freed within 10 s)
 MAX_PENDING_EVENTS = 256
+DRAIN_S = 1.0  # how long a last event may take to leave before the call is hung up
 
 
 class EventChannel:
@@ -55,6 +56,19 @@ class EventChannel:
             if self._channel is not None and self._channel.readyState == "open":
                 self._channel.send(text)
 
+    async def drain(self, timeout_s: float = DRAIN_S) -> None:
+        """Waits (at most `timeout_s`) until what was sent has left the channel's buffer."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while self._channel is not None and self._channel.bufferedAmount > 0 and loop.time() < end:
+            await asyncio.sleep(0.02)
+
+    def detach(self) -> None:
+        """Drops the channel and its listeners (they refer back to the call)."""
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
+        self._channel, self._pending = None, []
+
 
 class CallSession:
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
@@ -75,14 +89,27 @@ class CallSession:
         self._closing: asyncio.Task[None] | None = None
         self.conversation = Conversation(engine_session, self.track, self.events.send, vad, settings.turn,
                                          on_answer=self._answered)
-        pc.on("datachannel", self._on_datachannel)
-        pc.on("track", self._on_track)
-        pc.on("connectionstatechange", self._on_connection_state)
+        pc.on("datachannel", self._guarded(self._on_datachannel))
+        pc.on("track", self._guarded(self._on_track))
+        pc.on("connectionstatechange", self._guarded(self._on_connection_state))
+        self._spawn(self._enforce_limits(), "limits")
 
     # ---- wiring -------------------------------------------------------------------------------------------
+    def _guarded(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """aiortc runs these callbacks inside its own DTLS/SCTP loops: an exception there would tear the
+        connection down without a word to the caller. Here it is logged and the caller gets an `error` event;
+        the call goes on."""
+        def run(*args: Any) -> None:
+            try:
+                callback(*args)
+            except Exception:
+                log.exception("call %s: %s failed", self.id, getattr(callback, "__name__", "a callback"))
+                self.events.send(error_event("internal_error", "the server failed to handle this", "server_error"))
+        return run
+
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label == "events":
-            self.events.attach(channel, self._on_message)
+            self.events.attach(channel, self._guarded(self._on_message))
             self.events.send({"type": "session.created", "session": self.description()})
 
     def _on_track(self, track: MediaStreamTrack) -> None:
@@ -132,6 +159,30 @@ class CallSession:
         except (ProtocolError, ConversationError) as exc:
             self.events.send(error_event(exc.code, exc.message))
 
+    async def _enforce_limits(self) -> None:
+        """Ends the call at the idle limit (no caller speech and no answer for idle_timeout_s) or at max_call_s,
+        with an `error` event first so that the client can tell the caller why."""
+        s = self.settings
+        while True:
+            limits = []
+            if s.max_call_s:
+                limits.append((self.started_at + s.max_call_s, "session_expired",
+                               f"the call reached its maximum length of {s.max_call_s:g} s"))
+            if s.idle_timeout_s:
+                limits.append((self.conversation.last_active_at + s.idle_timeout_s, "idle_timeout",
+                               f"nobody spoke for {s.idle_timeout_s:g} s"))
+            if not limits:
+                return
+            at, code, message = min(limits)
+            wait = at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # (the caller may have spoken meanwhile: look again)
+                continue
+            self.events.send(error_event(code, f"{message}: the call is ended", "server_error"))
+            await self.events.drain()
+            self.close(code)
+            return
+
     def _answered(self, metrics: dict[str, Any]) -> None:
         self.metrics.answer(metrics)
         if metrics["ttfp_ms"] is not None:
@@ -176,15 +227,34 @@ class CallSession:
             await self.conversation.close()
         except Exception:
             log.exception("call %s: closing the engine session failed", self.id)
-        finally:
-            self.track.stop()
-            try:
-                await self.pc.close()
-            finally:
-                self._on_closed(self)
+        self.track.stop()
+        try:
+            await self.pc.close()
+        except Exception:
+            log.exception("call %s: closing the peer connection failed", self.id)
+        self._unwire()
+        self._on_closed(self)
         ttfp = ", ".join(f"{v:.0f}" for v in self.first_packet_ms) or "-"
         log.info("call %s ended (%s) after %.1f s; first-packet latency per answer: %s ms",
                  self.id, reason, time.monotonic() - self.started_at, ttfp)
+
+
+    def _unwire(self) -> None:
+        """Drops the callbacks that tie the peer connection and the call to each other, so that an ended call is
+        freed at once by reference counting (its codecs' threads with it), not by a later cyclic GC pass."""
+        for emitter in _emitters(self.pc):
+            emitter.remove_all_listeners()
+        self.events.detach()
+
+
+def _emitters(pc: RTCPeerConnection) -> list[Any]:
+    """The peer connection and its transports: aiortc's own listeners tie the transports back to the peer
+    connection, and its close() removes only the peer connection's."""
+    dtls = [t.receiver.transport for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        dtls.append(pc.sctp.transport)
+    ice = [d.transport for d in dtls]
+    return [pc, *(pc.sctp and [pc.sctp] or []), *dtls, *ice, *(i.iceGatherer for i in ice)]
 
 
 class Full(Exception):

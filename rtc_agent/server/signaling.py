@@ -1,7 +1,7 @@
 """HTTP side of a call: POST /api/offer answers a WebRTC offer, DELETE /api/sessions/{id} hangs up."""
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 
 from aiohttp import web
@@ -64,16 +64,17 @@ async def _start_call(state: ServerState, offer: Offer) -> CallSession:
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
+    vad = await state.vads.acquire()
     try:
         options = SessionOptions(voice=voice, instructions=instructions,
                                  max_frames=max(1, round(settings.max_answer_s / PACKET_S)))
         engine_session = state.engine.new_session(options)
     except ValueError as exc:
+        state.vads.release(vad)
         raise ApiError(400, "invalid_value", str(exc)) from None
-    vad = await asyncio.to_thread(SpeechProbability)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
-                       instructions, on_closed=state.sessions.remove)
+                       instructions, on_closed=functools.partial(_call_ended, state, vad))
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
         pc.addTrack(call.track)
@@ -86,6 +87,11 @@ async def _start_call(state: ServerState, offer: Offer) -> CallSession:
             raise ApiError(400, "invalid_sdp", f"the offer cannot be used: {str(exc)[:200]}") from None
         raise
     return call
+
+
+def _call_ended(state: ServerState, vad: SpeechProbability, call: CallSession) -> None:
+    state.sessions.remove(call)
+    state.vads.release(vad)
 
 
 async def hang_up(request: web.Request) -> web.Response:
