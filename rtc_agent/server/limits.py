@@ -40,13 +40,14 @@ class Runner(web.AppRunner):
         server = await super()._make_server()
         register = server.connection_made
         limit, refused = self._max_connections, self._on_refused
+        loop = asyncio.get_running_loop()
 
         def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
             register(handler, transport)  # registered either way: aiohttp's connection_lost cleans up
             if len(server.connections) > limit:
                 refused()
                 log.warning("%d connections open: a new one was closed", limit)
-                transport.abort()
+                loop.call_soon(transport.abort)  # once the handler has started (it expects that order)
 
         server.connection_made = connection_made  # type: ignore[method-assign]  (the Server's per-connection hook)
         return server
