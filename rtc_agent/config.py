@@ -171,10 +171,11 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="let pages from this origin (https://app.example.com, or *) call the API; repeatable "
                         "(default: same-origin pages only)")
     p.add_argument("--idle-timeout-s", type=float,
-                   help=f"end a call after this long without caller speech or an answer (default {d.idle_timeout_s:g}; 0: never)")
+                   help="end a call after this long without caller speech or an answer "
+                        f"(default {d.idle_timeout_s:g}; 0: never)")
     p.add_argument("--max-call-s", type=float, help=f"end a call after this long (default {d.max_call_s:g}; 0: never)")
     p.add_argument("--request-timeout-s", type=float,
-                   help=f"time for a request's headers and for its body; idle keep-alive (default {d.request_timeout_s:g})")
+                   help=f"seconds for a request's headers, and for its body (default {d.request_timeout_s:g})")
     p.add_argument("--max-connections", type=int,
                    help=f"open HTTP connections; more are closed at once (default {d.max_connections})")
     p.add_argument("--max-sessions", type=int, help=f"concurrent calls (default {d.max_sessions}); more get 503")

@@ -17,6 +17,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from aiortc import RTCPeerConnection
 
 from rtc_agent.client.microphone import RATE, Microphone, load_audio, speech_spans
 from rtc_agent.client.peer import Call
@@ -125,6 +126,17 @@ async def server(engine_: Any = "shared", ssl_context: Any = None, **overrides: 
         yield f"{scheme}://127.0.0.1:{runner.addresses[0][1]}", app
     finally:
         await runner.cleanup()
+
+
+async def audio_offer() -> str:
+    """The SDP offer of a real aiortc caller: a microphone line (sendrecv, Opus) and the `events` data channel."""
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio")
+    pc.createDataChannel("events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
 
 
 async def wait_ready(url: str, timeout_s: float = 60.0) -> None:

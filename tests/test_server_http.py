@@ -20,7 +20,7 @@ from rtc_agent.client.peer import CallError
 from rtc_agent.server import tls
 from rtc_agent.server.state import STATE
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import (LOOPBACK, caller, metric, metrics_text, needs_espeak, run, server, settings,
+from rtc_support import (LOOPBACK, audio_offer, caller, metric, metrics_text, needs_espeak, run, server, settings,
                          speech, wait_ready)
 
 pytestmark = pytest.mark.timeout(180)
@@ -35,16 +35,6 @@ async def post(url: str, body: Any = None, *, raw: bytes | None = None, token: s
         kwargs: dict[str, Any] = {"data": raw} if raw is not None else {"json": body}
         async with http.post(f"{url}/api/offer", headers=headers, **kwargs) as r:
             return r.status, await r.json(content_type=None), dict(r.headers)
-
-
-async def audio_offer() -> str:
-    pc = RTCPeerConnection()
-    pc.addTransceiver("audio")
-    pc.createDataChannel("events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
 def test_bad_offers_get_400_with_a_json_error_and_the_server_keeps_working() -> None:

@@ -7,7 +7,6 @@ import re
 from typing import Any
 
 import aiohttp
-from aiortc import RTCPeerConnection
 from aiohttp import web
 
 from rtc_agent.server.state import STATE
@@ -34,19 +33,6 @@ async def post_offer(url: str, body: Any = None, *, raw: bytes | str | None = No
 async def error_code(url: str, body: Any = None, **kwargs: Any) -> tuple[int, str]:
     status, data, _ = await post_offer(url, body, **kwargs)
     return status, data["error"]["code"] if data and "error" in data else ""
-
-
-async def real_offer(video: bool = False) -> str:
-    """The SDP offer of a real aiortc caller: a microphone line (sendrecv, Opus), a data channel, maybe video."""
-    pc = RTCPeerConnection()
-    pc.addTransceiver("audio")
-    if video:
-        pc.addTransceiver("video")
-    pc.createDataChannel("events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
 def mangle(sdp: str, pattern: str, replacement: str | None, count: int = 0) -> str:

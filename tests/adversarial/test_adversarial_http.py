@@ -8,8 +8,8 @@ import threading
 import aiohttp
 import pytest
 
-from adversary import active_calls, error_code, mangle, post_offer, real_offer, still_answers
-from rtc_support import needs_espeak, run, server, wait_ready
+from adversary import active_calls, error_code, mangle, post_offer, still_answers
+from rtc_support import audio_offer, needs_espeak, run, server, wait_ready
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
 
 pytestmark = [needs_espeak, pytest.mark.timeout(240)]
@@ -51,7 +51,7 @@ def test_bad_offer_bodies_and_sdp_get_their_400_and_leave_nothing_behind() -> No
     async def main() -> None:
         async with server() as (url, app):
             await wait_ready(url)
-            good = await real_offer()
+            good = await audio_offer()
             threads = threading.active_count()
             bodies = [
                 ("not JSON", None, b"{not json", 400, "invalid_json"),
@@ -87,7 +87,7 @@ def test_content_type_and_origin_are_checked() -> None:
     async def main() -> None:
         async with server(allowed_origins=("https://app.example",)) as (url, app):
             await wait_ready(url)
-            body = json.dumps({"sdp": await real_offer(), "type": "offer"}).encode()
+            body = json.dumps({"sdp": await audio_offer(), "type": "offer"}).encode()
             host = url.split("//")[1]
             # a cross-origin "simple" request (text/plain needs no preflight) is refused before it takes a slot
             text = {"Content-Type": "text/plain"}
@@ -124,7 +124,7 @@ def test_bearer_tokens_that_are_not_latin_1_get_401() -> None:
     async def main() -> None:
         async with server(token="s3cret") as (url, app):
             await wait_ready(url)
-            body = {"sdp": await real_offer(), "type": "offer"}
+            body = {"sdp": await audio_offer(), "type": "offer"}
             for given in ("Bearer \u00e9t\u00e9", "Bearer \u4f60\u597d", "Bearer s3cret\u00ff"):
                 raw_header = given.encode("utf-8").decode("latin-1")  # UTF-8 bytes on the wire, as a browser can
                 assert await error_code(url, body, headers={"Authorization": raw_header}) == (401, "unauthorized")

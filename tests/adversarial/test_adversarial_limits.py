@@ -8,16 +8,15 @@ import json
 import time
 from typing import AsyncIterator
 
-import aiohttp
 import pytest
 
-from adversary import active_calls, real_offer, still_answers
+from adversary import active_calls, still_answers
 from rtc_agent.client.microphone import Microphone
 from rtc_agent.client.peer import Call
 from rtc_agent.media.ice import use_host_addresses
 from rtc_agent.server import tls
-from rtc_support import (LOOPBACK, caller, metric, metrics_text, needs_espeak, run, say, server, settings,
-                         wait_ready)
+from rtc_support import (LOOPBACK, audio_offer, caller, metric, metrics_text, needs_espeak, run, say, server,
+                         settings, wait_ready)
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
 
 pytestmark = [needs_espeak, pytest.mark.timeout(240)]
@@ -116,7 +115,7 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_a_slow_body_gets_408(
                 refused = await closed_by_server(conns, 1.0)  # (well before the 2 s header timeout)
                 assert refused >= 19, refused
             assert metric(await metrics_text(url), "rtc_agent_connections_refused_total") >= 19
-            body = json.dumps({"sdp": await real_offer(), "type": "offer"}).encode()
+            body = json.dumps({"sdp": await audio_offer(), "type": "offer"}).encode()
             head = (f"POST /api/offer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(body)}\r\n\r\n").encode()
             async with open_connections("127.0.0.1", port, head + body[:100], 1) as [(reader, _)]:
