@@ -2,6 +2,7 @@
 holds no call slot, and a normal call on the same server still gets its spoken answer afterwards."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 
@@ -120,19 +121,33 @@ def test_content_type_and_origin_are_checked() -> None:
     run(main(), timeout_s=200)
 
 
-def test_bearer_tokens_that_are_not_latin_1_get_401() -> None:
+async def raw_status(url: str, request: bytes) -> int:
+    """Sends `request` as it is (bytes no HTTP client would write) and returns the answer's status."""
+    host, port = url.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        status_line = await asyncio.wait_for(reader.readline(), 10.0)
+        return int(status_line.split()[1])
+    finally:
+        writer.close()
+
+
+def test_bearer_tokens_that_are_not_latin_1_or_not_utf_8_get_401() -> None:
     async def main() -> None:
         async with server(token="s3cret") as (url, app):
             await wait_ready(url)
-            body = {"sdp": await audio_offer(), "type": "offer"}
-            for given in ("Bearer \u00e9t\u00e9", "Bearer \u4f60\u597d", "Bearer s3cret\u00ff"):
-                raw_header = given.encode("utf-8").decode("latin-1")  # UTF-8 bytes on the wire, as a browser can
-                assert await error_code(url, body, headers={"Authorization": raw_header}) == (401, "unauthorized")
-            assert await error_code(url, body, headers={"Authorization": "Bearer wrong"}) == (401, "unauthorized")
-            async with aiohttp.ClientSession() as http:
-                for path in ("/api/config", "/api/sessions/x"):
-                    async with http.get(f"{url}{path}", headers={"Authorization": "Bearer \u00e9"}) as r:
-                        assert r.status == 401
+            body = json.dumps({"sdp": await audio_offer(), "type": "offer"}).encode()
+            for token in ("\u00e9t\u00e9".encode(), "\u4f60\u597d".encode(), b"\xff\xfe\x80", b"s3cret\xff", b"\x80"):
+                for path, method, payload in (("/api/offer", b"POST", body), ("/api/config", b"GET", b"")):
+                    request = (method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               b"Authorization: Bearer " + token + b"\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+                    assert await raw_status(url, request) == 401, (token, path)
+            assert await error_code(url, json.loads(body), headers={"Authorization": "Bearer wrong"}
+                                    ) == (401, "unauthorized")
             assert active_calls(app) == 0
+            status, data, _ = await post_offer(url, json.loads(body), headers={"Authorization": "Bearer s3cret"})
+            assert status == 200 and data["session_id"]
 
     run(main(), timeout_s=120)
