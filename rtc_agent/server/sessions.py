@@ -227,17 +227,18 @@ class CallSession:
             await self.conversation.close()
         except Exception:
             log.exception("call %s: closing the engine session failed", self.id)
-        self.track.stop()
-        try:
-            await self.pc.close()
-        except Exception:
-            log.exception("call %s: closing the peer connection failed", self.id)
-        self._unwire()
-        self._on_closed(self)
+        finally:
+            self.track.stop()
+            try:
+                await self.pc.close()
+            except Exception:
+                log.exception("call %s: closing the peer connection failed", self.id)
+            finally:
+                self._unwire()
+                self._on_closed(self)
         ttfp = ", ".join(f"{v:.0f}" for v in self.first_packet_ms) or "-"
         log.info("call %s ended (%s) after %.1f s; first-packet latency per answer: %s ms",
                  self.id, reason, time.monotonic() - self.started_at, ttfp)
-
 
     def _unwire(self) -> None:
         """Drops the callbacks that tie the peer connection and the call to each other, so that an ended call is
@@ -251,10 +252,10 @@ def _emitters(pc: RTCPeerConnection) -> list[Any]:
     """The peer connection and its transports: aiortc's own listeners tie the transports back to the peer
     connection, and its close() removes only the peer connection's."""
     dtls = [t.receiver.transport for t in pc.getTransceivers()]
-    if pc.sctp is not None:
-        dtls.append(pc.sctp.transport)
+    sctp = [pc.sctp] if pc.sctp is not None else []
+    dtls += [s.transport for s in sctp]
     ice = [d.transport for d in dtls]
-    return [pc, *(pc.sctp and [pc.sctp] or []), *dtls, *ice, *(i.iceGatherer for i in ice)]
+    return [pc, *sctp, *dtls, *ice, *(i.iceGatherer for i in ice)]
 
 
 class Full(Exception):
