@@ -37,7 +37,7 @@ class Settings:
     self_signed: bool = False  # make a self-signed certificate (phones on a LAN need HTTPS)
     token: str | None = None  # when set, /api/* needs "Authorization: Bearer <token>"
     allowed_origins: tuple[str, ...] = ()  # pages from these origins may call /api/* ("*": any); same-origin always
-    max_sessions: int = 4
+    max_sessions: int = 0  # concurrent calls = engine session slots; 0: as many as fit in GPU memory (4 on a CPU)
     ice_servers: tuple[str, ...] = ()  # stun:host:port, turn:user:pass@host:port?transport=udp
     ice_host_addresses: tuple[str, ...] = ()  # host candidate addresses; empty: all but loopback (aioice)
     model: str = "tiny"
@@ -132,8 +132,8 @@ def validate(s: Settings) -> None:
         raise ValueError("--cert and --key go together")
     if not 0.08 <= s.max_answer_s <= 600:
         raise ValueError("max_answer_s must be between 0.08 and 600")
-    if s.max_sessions < 1:
-        raise ValueError("max_sessions must be at least 1")
+    if s.max_sessions < 0:
+        raise ValueError("max_sessions must be at least 1, or 0 for as many as fit")
     if not 0.1 <= s.video_fps <= MAX_VIDEO_FPS:
         raise ValueError(f"video_fps must be between 0.1 and {MAX_VIDEO_FPS:g}")
     if not (VISION_BLOCK <= s.video_max_side <= MAX_VIDEO_SIDE and s.video_max_side % VISION_BLOCK == 0):
@@ -178,7 +178,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds for a request's headers, and for its body (default {d.request_timeout_s:g})")
     p.add_argument("--max-connections", type=int,
                    help=f"open HTTP connections; more are closed at once (default {d.max_connections})")
-    p.add_argument("--max-sessions", type=int, help=f"concurrent calls (default {d.max_sessions}); more get 503")
+    p.add_argument("--max-sessions", type=int, help="concurrent calls, each a session slot made at start-up (default: "
+                   "as many as fit in GPU memory after the weights, at most 16; 4 on a CPU); more get 503")
     p.add_argument("--ice-server", dest="ice_servers", action="append",
                    help="STUN/TURN server, repeatable: stun:host:port or turn:user:pass@host:port?transport=udp")
     p.add_argument("--ice-host-address", dest="ice_host_addresses", action="append",

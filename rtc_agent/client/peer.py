@@ -21,11 +21,11 @@ RECORD_RATE = 24_000
 
 
 class CallError(Exception):
-    """The server refused the call (the contract's JSON error)."""
+    """The server refused the call (the contract's JSON error; 503s say when to try again in Retry-After)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.retry_after_s = status, code, message, retry_after_s
 
 
 @dataclass
@@ -45,6 +45,14 @@ class ReceivedAudio:
         for at, chunk in zip(self.times, self.samples):
             if t <= at < until and len(chunk) and float(np.max(np.abs(chunk))) > level:
                 return at
+        return None
+
+
+def _seconds(header: str | None) -> float | None:
+    """A Retry-After header in its delta-seconds form (the server sends no dates)."""
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
         return None
 
 
@@ -90,7 +98,8 @@ class Call:
                 data = await r.json(content_type=None)
                 if r.status != 200:
                     err = data.get("error", {}) if isinstance(data, dict) else {}
-                    raise CallError(r.status, err.get("code", "error"), err.get("message", str(data)))
+                    raise CallError(r.status, err.get("code", "error"), err.get("message", str(data)),
+                                    _seconds(r.headers.get("Retry-After")))
         self.session_id = data["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=data["sdp"], type=data["type"]))
         await asyncio.wait_for(self.opened.wait(), timeout_s)

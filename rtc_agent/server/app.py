@@ -64,7 +64,10 @@ async def _load_engine(state: ServerState) -> None:
 
             log.info("loading model %s (device %s)...", s.model, s.device)
             state.engine = await asyncio.to_thread(Engine.load, EngineOptions(model=s.model, device=s.device,
-                                                                                   video_window_s=s.video_window_s))
+                                                                                   video_window_s=s.video_window_s,
+                                                                                   max_sessions=s.max_sessions))
+        slots = state.engine.describe()["max_sessions"]
+        state.sessions.max_sessions = min(s.max_sessions, slots) if s.max_sessions else slots
         state.metrics.watch_gpu(state.engine.gpu_peak_gb)
         if not state.engine.ready:
             log.info("warming up...")
@@ -166,8 +169,8 @@ async def serve(settings: Settings) -> int:
         site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
         await site.start()
         host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
-        log.info("listening on %s://%s:%d/ (token %s, up to %d calls)", settings.scheme, host, settings.port,
-                 "required" if settings.token else "not required", settings.max_sessions)
+        log.info("listening on %s://%s:%d/ (token %s, up to %s calls)", settings.scheme, host, settings.port,
+                 "required" if settings.token else "not required", settings.max_sessions or "as many as fit")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

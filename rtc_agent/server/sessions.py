@@ -266,7 +266,7 @@ class Sessions:
     """The registry of calls, with the capacity limit (slots are reserved while an offer is being answered)."""
 
     def __init__(self, max_sessions: int, metrics: Metrics) -> None:
-        self.max_sessions = max_sessions
+        self.max_sessions = max_sessions  # 0 until the engine is loaded: then its slot count, or fewer
         self.metrics = metrics
         self._calls: dict[str, CallSession] = {}
         self._reserved = 0

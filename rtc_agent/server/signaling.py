@@ -59,19 +59,21 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
 
 
 async def _start_call(state: ServerState, offer: Offer) -> CallSession:
-    from ..engine import SessionOptions
+    from ..engine import EngineFullError, SessionOptions
 
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
-    vad = await state.vads.acquire()
     try:
         options = SessionOptions(voice=voice, instructions=instructions,
                                  max_frames=max(1, round(settings.max_answer_s / PACKET_S)))
         engine_session = state.engine.new_session(options)
     except ValueError as exc:
-        state.vads.release(vad)
         raise ApiError(400, "invalid_value", str(exc)) from None
+    except EngineFullError as exc:
+        state.metrics.rejected.labels("full").inc()
+        raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+    vad = await state.vads.acquire()
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
                        instructions, on_closed=functools.partial(_call_ended, state, vad))
