@@ -11,7 +11,7 @@ from typing import Any
 from ..config import VOICES, TurnSettings
 from . import json_input
 from .errors import ProtocolError
-from .sdp_offer import OfferMedia, check_offer
+from .sdp_offer import check_offer
 
 MAX_INSTRUCTIONS = 8000
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -21,7 +21,6 @@ MAX_NUMBER = 1e9  # no setting is anywhere near this; it keeps NaN, infinities a
 @dataclass(frozen=True)
 class Offer:
     sdp: str
-    media: OfferMedia
     voice: str | None
     instructions: str | None
 
@@ -80,7 +79,8 @@ def parse_offer(body: Any) -> Offer:
     if not isinstance(sdp, str) or not sdp.startswith("v=0"):
         raise ProtocolError("invalid_value", "sdp must be an SDP offer")
     voice, instructions = _voice(body.get("voice")), _instructions(body.get("instructions"))
-    return Offer(sdp=sdp, media=check_offer(sdp), voice=voice, instructions=instructions)
+    check_offer(sdp)
+    return Offer(sdp=sdp, voice=voice, instructions=instructions)
 
 
 # session.update's turn_detection <-> TurnSettings

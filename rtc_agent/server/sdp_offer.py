@@ -9,6 +9,7 @@ when the offer has no sending microphone, `invalid_sdp` otherwise) and nothing i
 """
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass, field
 
@@ -42,14 +43,6 @@ class _Section:
 
     def flags(self) -> set[str]:
         return {name for name, values in self.attributes.items() if "" in values}
-
-
-@dataclass(frozen=True)
-class OfferMedia:
-    """What the checked offer sends."""
-
-    video: bool
-    data_channel: bool
 
 
 def _invalid(message: str) -> ProtocolError:
@@ -117,15 +110,14 @@ def _direction(session: _Section, section: _Section) -> str:
     return "sendrecv"
 
 
-def check_offer(sdp: str) -> OfferMedia:
-    """Checks `sdp` (an offer's text); raises ProtocolError, or says what the offer sends."""
+def check_offer(sdp: str) -> None:
+    """Checks `sdp` (an offer's text); raises ProtocolError when a call cannot be made of it."""
     if not sdp.startswith("v=0"):
         raise _invalid("an SDP offer starts with v=0")
     session, media = _sections(sdp)
-    audio = [s for s in media if s.kind == "audio"]
-    if not audio:
+    counts = collections.Counter(section.kind for section in media)
+    if not counts["audio"]:
         raise ProtocolError("no_audio", "the offer has no audio: the call needs a microphone track")
-    counts = {kind: sum(1 for s in media if s.kind == kind) for kind in {s.kind for s in media}}
     for kind, count in counts.items():
         if kind not in PROTOCOLS:
             raise _invalid(f"the offer has a {kind[:20]!r} media line: only audio, video and application are taken")
@@ -154,4 +146,3 @@ def check_offer(sdp: str) -> OfferMedia:
         missing = [name for name in names if name not in mids]
         if semantics == "BUNDLE" and (missing or not names):
             raise _invalid(f"a=group:BUNDLE names a mid that no media line has: {(missing or [''])[0][:64]!r}")
-    return OfferMedia(video=counts.get("video", 0) == 1, data_channel=counts.get("application", 0) == 1)
