@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import numpy as np
 
 from .config import TurnSettings
+from .engine import FLUSH_AFTER_SILENCE_MS
 from .engine.events import ResponseDone, SpeechFrame, TextDelta
 from .media.outbound import PACKET_S, OutboundAudioTrack, Playout
 from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
@@ -39,6 +40,7 @@ class EngineSession(Protocol):
     async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None) -> None: ...
     async def push_image(self, image: np.ndarray, at: float) -> None: ...
     async def abort_turn(self) -> None: ...
+    async def flush(self) -> None: ...
     def respond(self) -> AsyncIterator[TextDelta | SpeechFrame | ResponseDone]: ...
     async def cancel(self, frames_played: int) -> None: ...
     def update(self, **changes: Any) -> None: ...
@@ -127,6 +129,8 @@ class Conversation:
         elif self._in_turn and (self._detector.active or signal in (Signal.ENDED, Signal.FALSE_START)):
             self._push([*self._unpushed, chunk])  # (the pre-roll when push-to-talk speech resumes)
             self._unpushed.clear()
+            if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == FLUSH_AFTER_SILENCE_MS // CHUNK_MS:
+                self._ops.put_nowait(("flush", None))  # the engine prefills now: the turn may be ending
         else:
             self._unpushed.append(chunk)
         if signal is Signal.CONFIRMED:
@@ -322,6 +326,8 @@ class Conversation:
                     await self.session.push_audio(samples, at=run[0].at_ms / 1000)
                 elif kind == "image":
                     await self._push_image(*arg)
+                elif kind == "flush":
+                    await self.session.flush()
                 elif kind == "abort":
                     await self.session.abort_turn()
                 elif kind == "respond":

@@ -43,8 +43,10 @@ def test_answers_are_the_same_batched_as_alone():
     try:
         sessions = [engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES)) for _ in audios]
 
-        async def together():
-            return await asyncio.gather(*(one_turn(s, a) for s, a in zip(sessions, audios)))
+        async def together():  # every caller's turn in first, then all answers at once
+            for session, audio in zip(sessions, audios):
+                await session.push_audio(audio)
+            return await asyncio.gather(*(one_turn(s, a[:0]) for s, a in zip(sessions, audios)))
 
         batched = [_answer(result) for result in run(together())]
         for session in sessions:

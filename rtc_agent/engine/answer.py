@@ -9,6 +9,7 @@ through its `emit` as soon as its frame is on the host.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -64,8 +65,11 @@ class Answer:
         self.interrupted_at = max(0, frames_played)
 
     def lead_s(self, now: float) -> float:
-        """Seconds of speech made ahead of real time (0 before the first frame and for a text-only answer)."""
-        if not self.speaking or self.first_frame_at is None:
+        """Seconds of speech made ahead of real time: 0 before the first frame, infinite once nothing is spoken
+        any more (text has no playout to keep up with)."""
+        if not self.speaking:
+            return math.inf
+        if self.first_frame_at is None:
             return 0.0
         return self.frames * FRAME_S - (now - self.first_frame_at)
 
@@ -172,7 +176,7 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
     if ahead:
         _tokens(pool, ahead, overlap=True)
     pool.frame_codes.start(codes)
-    pool.frame_samples.start(torch.stack([a.conversation.code2wav.push(codes[a.row]) for a in going]))
+    pool.frame_samples.start(_speech(pool, rows, going, codes))
     tokens = pool.tokens() if ahead else []
     texts: dict[int, torch.Tensor | int] = {}  # row -> the Talker's text input: a token, or tts_eos / tts_pad
     deltas: dict[int, TextDelta] = {}
@@ -210,6 +214,15 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
             a.end_speech()
         elif a.row in deltas:
             a.emit(deltas[a.row])
+
+
+def _speech(pool: SlotPool, rows: int, going: list[Answer], codes: torch.Tensor) -> torch.Tensor:
+    """Each answer's samples [len(going), 1920]: one batched step for those with a full upsampler context, their
+    own streams for the others (an answer's first frames)."""
+    steady = {a.row for a in going if a.conversation.code2wav.steady}
+    batched = pool.code2wav.push([r if r in steady else None for r in range(rows)], codes) if steady else None
+    return torch.stack([batched[a.row] if a.row in steady else a.conversation.code2wav.push(codes[a.row])
+                        for a in going])
 
 
 def _talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], codes: torch.Tensor,

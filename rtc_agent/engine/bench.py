@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from . import attention, audio_input, moe, norm, rotary, sampling
-from .engine import Engine
+from .engine import FLUSH_AFTER_SILENCE_MS, Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import EngineOptions, SessionOptions
 from .slots import rows_for
@@ -27,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=5, help="caller turns per session")
     parser.add_argument("--sessions", type=int, default=1, help="callers at once, each its own session")
     parser.add_argument("--max-sessions", type=int, help="session slots to make (default: --sessions)")
-    parser.add_argument("--turn-s", type=float, default=3.0, help="seconds of caller audio per turn")
+    parser.add_argument("--turn-s", type=float, default=3.0, help="seconds of caller speech per turn")
+    parser.add_argument("--silence-ms", type=int, default=400,
+                        help="silence after the speech before the answer is asked for, as the call server's hang-over "
+                             "(it has the engine prefill what it has after 160 ms of it)")
     parser.add_argument("--system-tokens", type=int, default=200)
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--answer-frames", type=int, default=40)
@@ -132,7 +135,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
         "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "slots": len(engine.pool),
         "turns": args.turns,
-        "turn_s": args.turn_s, "system_tokens": args.system_tokens, "prefill_chunk_s": args.prefill_chunk_s,
+        "turn_s": args.turn_s, "silence_ms": args.silence_ms, "system_tokens": args.system_tokens,
+        "prefill_chunk_s": args.prefill_chunk_s,
         "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
         "fast_norm": norm.active(engine.model), "fast_rotary": rotary.active(engine.model),
@@ -171,6 +175,7 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
                 await session.push_image(frames[0][1], frames[0][0])
                 frames.pop(0)
             await session.push_audio(audio[start:start + 320], at=now)
+        await _hang_over(session, args.silence_ms, question_at + args.turn_s)
         clock = question_at + args.turn_s + 30.0
         turn_started = time.perf_counter()
         made = 0
@@ -188,6 +193,14 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
     return {"ttfp": ttfp, "ttft": ttft, "frame_ms": frame_ms, "busy_s": busy_s, "audio_s": audio_s}
 
 
+async def _hang_over(session, silence_ms: int, at: float) -> None:
+    """The silence a call server hears before it ends the turn, pushed as it does (the flush, then the rest)."""
+    for piece in range(0, silence_ms, 20):
+        if piece == FLUSH_AFTER_SILENCE_MS:
+            await session.flush()
+        await session.push_audio(np.zeros(320, dtype=np.float32), at=at + piece / 1000)
+
+
 def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict[str, float]:
     """Median cost of each stage of one steady-state frame for the sessions' rows as one batch (what a frame of
     that many answers at once costs), host synchronisation included."""
@@ -202,19 +215,26 @@ def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict
     stepping = [r if r in slots else None for r in range(rows)]
     noise = torch.zeros(rows, talker.vocab, device=engine.device)
     residual = torch.zeros(rows, (talker.config.num_code_groups - 1) * talker.residual_vocab, device=engine.device)
-    code2wav = conversations[0].code2wav
+    streams = [c.code2wav for c in conversations]
+
+    def code2wav_frame() -> None:
+        pool.code2wav.push(stepping, codes).cpu()
+        for stream in streams:
+            stream.cache.crop(stream.cache.length - 1)
+
     stages = {
         "thinker_token": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False),
                                   pool.tokens()),
         "talker_step": lambda: (talker.step(stepping, codes, text, options.talker_sampling, noise),
                                 talker.code0_values()),
         "code_predictor_15": lambda: talker.frame_codes(rows, options.predictor_sampling, residual).tolist(),
-        "code2wav_frame": lambda: (code2wav.push(codes[0]).cpu(), code2wav.cache.crop(code2wav.cache.length - 1)),
+        "code2wav_frame": code2wav_frame,
     }
     lengths = [(c.cache.length, c.talker.cache.length) for c in conversations]
-    code2wav.reset()
-    for _ in range(code2wav.context):  # a full upsampler context before each timed frame
-        code2wav.push(codes[0])
+    for stream in streams:  # a full upsampler context before each timed frame
+        stream.reset()
+        for _ in range(stream.context):
+            stream.push(codes[0])
     result = {}
     for name, stage in stages.items():
         times = []
@@ -228,7 +248,7 @@ def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict
     for conversation, (thinker_length, talker_length) in zip(conversations, lengths):
         conversation.cache.crop(thinker_length)
         conversation.talker.cache.crop(talker_length)
-    code2wav.reset()
+        conversation.code2wav.reset()
     return result
 
 

@@ -146,6 +146,14 @@ class Conversation:
             piece, self.pending = self.pending[:chunk], self.pending[chunk:]
             self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
 
+    def flush(self) -> None:
+        """Prefill the caller audio still pending now, a chunk shorter than `prefill_chunk_s` (the caller paused:
+        the turn may end, and then only the audio after this point is left to encode). Nothing with
+        `prefill_chunk_s` 0, which means prefilling the whole turn at its end."""
+        if self.core.options.prefill_chunk_s and len(self.pending) >= audio_input.MEL_HOP:
+            piece, self.pending = self.pending, np.zeros(0, dtype=np.float32)
+            self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
+
     def add_image(self, image: np.ndarray, at: float) -> None:
         """A caller video frame captured at media-clock time `at`; it waits for the turn of its moment."""
         if self.core.options.video_window_s:

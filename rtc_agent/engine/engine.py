@@ -29,6 +29,7 @@ from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FLUSH_AFTER_SILENCE_MS = 160  # a call server flushes after a pause this long inside a turn (commas pause 96-160 ms)
 
 
 class Engine:
@@ -115,13 +116,15 @@ class Engine:
         """Run one short turn end to end so the first caller pays no first-use costs; then `ready` is True.
 
         The turn samples as callers do (their draws' kernels are loaded on first use, milliseconds on a GPU) and is
-        a prefill chunk plus a tail, the two ways caller audio reaches the Thinker."""
+        a prefill chunk, a flush and a tail, the ways caller audio reaches the Thinker."""
         started = time.perf_counter()
         session = self.new_session(SessionOptions(seed=0, max_answer_tokens=4, max_frames=4))
         if self.options.video_window_s:  # a second of camera: the vision encoder's first use is paid here too
             for at in (0.0, 0.5):
                 await session.push_image(np.zeros((64, 64, 3), dtype=np.uint8), at)
         await session.push_audio(np.zeros(int(INPUT_SAMPLE_RATE * 1.37), dtype=np.float32), at=0.0)
+        await session.flush()  # a pause: the audio encoder on a piece shorter than a chunk, as calls have
+        await session.push_audio(np.zeros(int(INPUT_SAMPLE_RATE * 0.29), dtype=np.float32))
         async for _ in session.respond():
             pass
         await session.close()
@@ -188,6 +191,13 @@ class Session:
             return
         conv = await self._conv()
         await self.engine.run(conv.add_audio, samples, at)
+
+    async def flush(self) -> None:
+        """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
+        has only what comes after to encode). No effect during an answer."""
+        self._check_open()
+        if self._conversation is not None and not self._answering:
+            await self.engine.run(self._conversation.flush)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait

@@ -28,7 +28,7 @@ class CapturedStep:
         if not graph:
             return
         self.inputs = [x.clone() for x in example_inputs]
-        side = stream or torch.cuda.Stream()
+        side = stream or _warmup_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up runs (library workspaces, lazy init) stay out of the graph
             for _ in range(2):
@@ -48,6 +48,18 @@ class CapturedStep:
             static.copy_(value)
         self.graph.replay()
         return self.outputs
+
+
+def _warmup_stream() -> torch.cuda.Stream:
+    """One stream for every capture's warm-up runs. (A new `torch.cuda.Stream()` per capture would cycle through
+    torch's pool of 32 streams, hundreds of times over with many session slots, and land on streams in use.)"""
+    global _WARMUP_STREAM
+    if _WARMUP_STREAM is None:
+        _WARMUP_STREAM = torch.cuda.Stream()
+    return _WARMUP_STREAM
+
+
+_WARMUP_STREAM: torch.cuda.Stream | None = None
 
 
 class HostCopy:

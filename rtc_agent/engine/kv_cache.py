@@ -1,6 +1,6 @@
 """A static KV cache for one decoder stack, gpt-fast style: preallocated buffers and an integer length.
 
-Keys and values live in `[batch, kv_heads, max_len + 1, head_dim]` buffers, written in place. One row is one
+Keys and values live in `[batch, kv_heads, buffer_length(max_len), head_dim]` buffers, written in place. One row is one
 session slot: a slot's cache (`row`) is a view of one row of the engine's batched buffers, so a batched decode
 step reads every row in place. The last position of each row is scratch: a batched step writes the rows that take
 no part in it there. The attention layers of
@@ -15,6 +15,15 @@ from __future__ import annotations
 import torch
 
 
+BUFFER_ALIGN = 64  # buffer lengths in positions: a graphed step's attention multiplies over the whole buffer, and
+# matrix products whose length is not a multiple of 8 lose cuBLAS's fast kernels (docs/PERFORMANCE.md)
+
+
+def buffer_length(max_len: int) -> int:
+    """Positions of a buffer holding `max_len` usable ones and one scratch position, rounded up for cuBLAS."""
+    return -(-(max_len + 1) // BUFFER_ALIGN) * BUFFER_ALIGN
+
+
 class ContextFullError(RuntimeError):
     """More positions were asked for than the cache holds."""
 
@@ -24,13 +33,14 @@ class StaticKVCache:
                  device: torch.device, window: int | None = None, batch: int = 1,
                  buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> None:
         """`buffers`: (keys, values) per layer to use instead of new ones (a row of a batched cache)."""
-        shape = (batch, kv_heads, max_len + 1, head_dim)
+        shape = (batch, kv_heads, buffer_length(max_len), head_dim)
         if buffers is None:
             buffers = ([torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                        [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)])
         self.keys, self.values = buffers
         batch = self.keys[0].shape[0]
-        self.max_len = max_len  # usable positions; position `max_len` of each row is scratch
+        self.max_len = max_len  # usable positions; the buffer's last position of each row is scratch
+        self.scratch = self.keys[0].shape[2] - 1
         self.window = window  # sliding-window attention: each query sees at most this many keys (itself included)
         self.length = 0  # positions holding data
         self._pending = 0  # positions being written by the forward in progress
@@ -41,7 +51,7 @@ class StaticKVCache:
         self.rope_delta_tensor = torch.zeros(batch, dtype=torch.long, device=device)  # `rope_delta`, for graphs
         self.graph_positions: torch.Tensor | None = None  # [batch, count], set while a graph-mode forward runs
         self._visible: int | None = None  # keys a graph-mode forward on the CPU attends over (None: all)
-        self._key_index = torch.arange(max_len + 1, device=device)
+        self._key_index = torch.arange(self.scratch + 1, device=device)
 
     def row(self, index: int) -> "StaticKVCache":
         """The cache of one row (a session slot): views of this cache's buffers, with a length of its own."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .code2wav import StreamingCode2Wav
+from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
 from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill
 from .kv_cache import StaticKVCache
@@ -110,11 +110,14 @@ class SlotPool:
         self.graphs = graphs
         self.cache = StaticKVCache.for_config(thinker_config, options.context_tokens, core.dtype, core.device,
                                               batch=count)
-        self.talker = None
+        self.talker = self.code2wav = None
         if core.speech:
             fused = fused_active(options.fast_sampling, core.device)
             self.talker = Talker(model, count, options.context_tokens + options.max_frames + 16, graphs, fused)
-        self.side_stream = torch.cuda.Stream(core.device) if graphs and options.overlap else None
+            self.code2wav = Code2WavRows(model.code2wav, count, options.max_frames + 1, graphs)
+        # The Thinker's steps next to the frames, on a high-priority stream: a stream of its own (torch hands out
+        # normal-priority streams round-robin from a pool of 32) and first on the GPU when both streams have work.
+        self.side_stream = torch.cuda.Stream(core.device, priority=-1) if graphs and options.overlap else None
         self._step_inputs = DeviceCopy((2, count), torch.long, core.device)  # a step's positions and rope deltas
         self._ids = DeviceCopy((count, 1), torch.long, core.device)  # a Thinker step's input tokens
         self._tokens = HostCopy((count,), torch.long, core.device)  # its chosen tokens
@@ -135,9 +138,7 @@ class SlotPool:
         if self.graphs:
             hidden = core.model.config.thinker_config.text_config.hidden_size
             prefill = PaddedPrefill(lambda e: self.thinker_stack(e, cache, graph_mode=True), cache, hidden, core.dtype)
-        code2wav = None
-        if core.speech:
-            code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1, graphs=self.graphs)
+        code2wav = self.code2wav.rows[index] if self.code2wav is not None else None
         talker = self.talker.rows[index] if self.talker is not None else None
         return Slot(index, cache, prefill, talker, code2wav, torch.Generator(device=core.device))
 
@@ -154,6 +155,7 @@ class SlotPool:
             self._thinker_step(rows)
             if self.talker is not None:
                 self.talker.capture(rows, talker_sampling, predictor_sampling)
+                self.code2wav.capture(rows)
 
     def acquire(self) -> Slot | None:
         """The lowest free slot, or None when every slot is taken."""
@@ -180,7 +182,7 @@ class SlotPool:
     def _thinker_step(self, rows: int) -> CapturedStep:
         if rows not in self._thinker_steps:
             view = self._views.setdefault(rows, self.cache.batch_view(rows))
-            view.position.fill_(view.max_len)  # the capture's writes land in the scratch position
+            view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
 
             def logits(ids: torch.Tensor) -> torch.Tensor:
                 lm = self.core.model.thinker.model.language_model
@@ -202,7 +204,7 @@ class SlotPool:
         self._step_inputs.wait_sent()
         self._ids.wait_sent()
         host, ids = self._step_inputs.host, self._ids.host
-        host[0], host[1], ids[:] = self.cache.max_len, 0, 0
+        host[0], host[1], ids[:] = self.cache.scratch, 0, 0
         for i, row in enumerate(rows):
             if row is not None:
                 slot, previous, _ = row

@@ -64,7 +64,7 @@ class Talker:
         if key not in self._steps:
             groups, hidden = self.config.num_code_groups, self.config.text_config.hidden_size
             cache, _ = self._view(rows)
-            cache.position.fill_(cache.max_len)  # the capture's writes land in the scratch position
+            cache.position.fill_(cache.scratch)  # the capture's writes land in the scratch position
             saved = (self.seen.clone(), self.last_hidden.clone(), self.code0.clone())
             self._steps[key] = CapturedStep(
                 lambda c, t, n, a: self._frame_step(cache, c, t, n, a, sampling),
@@ -143,7 +143,7 @@ class Talker:
         step = self._step_for(count, sampling)  # (a capture sets the positions: before they are filled in)
         self._step_inputs.wait_sent()
         host = self._step_inputs.host
-        host[0], host[1], host[2] = self.cache.max_len, 0, 0  # rows sitting out: scratch position, inactive
+        host[0], host[1], host[2] = self.cache.scratch, 0, 0  # rows sitting out: scratch position, inactive
         for i, index in enumerate(rows):
             if index is not None:
                 row = self.rows[index].cache

@@ -4,9 +4,11 @@ goes next.
 Two kinds of work reach it. Jobs are what a session asks for (a prefill chunk of caller audio, a video frame, the
 start of an answer, a reset); they run one at a time, urgent ones (an answer's start: a caller is waiting for the
 first packet) before the rest, each kind in the order asked. Answers in progress advance together, one batched
-step (`answer.tick`) for all of them at a time. Between two steps at most one job runs while every answer is at
+step (`answer.tick`) for all of them at a time. Between two steps jobs run for up to `JOB_SLICE_S` (most jobs, a
+piece of caller audio, take well under a millisecond; a prefill takes tens), and for as long as every answer is at
 least `MIN_LEAD_S` of speech ahead of its playout; an answer closer to its deadline gets the next step first, so
-a caller listening to an answer never hears a late frame because another caller started talking.
+a caller listening to an answer never hears a late frame because another caller started talking, while the
+callers who are talking still have their audio taken in.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 URGENT, NORMAL = 0, 1
 MIN_LEAD_S = 0.24  # three frames: below this an answer's next frame goes before any job
+JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to its deadline
 
 
 class Worker:
@@ -35,6 +38,7 @@ class Worker:
         self._jobs: list[tuple[int, int, Callable[[], Any], Future]] = []
         self._order = itertools.count()
         self._answers: list[Answer] = []  # touched on the worker thread only
+        self._slice_spent = 0.0  # job time since the last step
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -57,7 +61,7 @@ class Worker:
     def close(self) -> None:
         with self._wake:
             self._closed = True
-            for _, _, _, future in self._jobs:
+            for *_, future in self._jobs:
                 future.cancel()
             self._jobs.clear()
             self._wake.notify()
@@ -69,10 +73,10 @@ class Worker:
                 if self._closed:
                     raise _Closed
                 if self._jobs:
-                    urgent = self._jobs[0][0] == URGENT
                     now = time.perf_counter()
-                    if urgent or min((a.lead_s(now) for a in self._answers), default=1.0) >= MIN_LEAD_S:
-                        _, _, fn, future = heapq.heappop(self._jobs)
+                    lead = min((a.lead_s(now) for a in self._answers), default=MIN_LEAD_S)
+                    if self._jobs[0][0] == URGENT or lead >= MIN_LEAD_S or self._slice_spent < JOB_SLICE_S:
+                        *_, fn, future = heapq.heappop(self._jobs)
                         return fn, future
                 if self._answers:
                     return None
@@ -87,14 +91,17 @@ class Worker:
                     return
                 if job is None:
                     self._advance()
+                    self._slice_spent = 0.0
                     continue
                 fn, future = job
                 if not future.set_running_or_notify_cancel():
                     continue
+                started = time.perf_counter()
                 try:
                     future.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001  (handed to whoever waits for the job)
                     future.set_exception(exc)
+                self._slice_spent += time.perf_counter() - started
 
     def _advance(self) -> None:
         try:
