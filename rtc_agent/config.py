@@ -36,6 +36,7 @@ class Settings:
     key: str | None = None  # TLS private key (PEM)
     self_signed: bool = False  # make a self-signed certificate (phones on a LAN need HTTPS)
     token: str | None = None  # when set, /api/* needs "Authorization: Bearer <token>"
+    allowed_origins: tuple[str, ...] = ()  # pages from these origins may call /api/* ("*": any); same-origin always
     max_sessions: int = 0  # concurrent calls = engine session slots; 0: as many as fit in GPU memory (4 on a CPU)
     ice_servers: tuple[str, ...] = ()  # stun:host:port, turn:user:pass@host:port?transport=udp
     ice_host_addresses: tuple[str, ...] = ()  # host candidate addresses; empty: all but loopback (aioice)
@@ -54,7 +55,11 @@ class Settings:
     video_fps: float = 2.0  # caller video frames per second handed to the model (README: Video)
     video_max_side: int = 384  # frames are scaled to fit in this square, sides multiples of 32 (README: Video)
     video_window_s: int = 30  # seconds of caller video the model keeps in its context; 0: video is ignored
+    idle_timeout_s: float = 300.0  # a call with no caller speech and no answer this long is ended; 0: never
+    max_call_s: float = 3600.0  # a call is ended after this long; 0: no limit
     max_body_bytes: int = 256 * 1024
+    request_timeout_s: float = 15.0  # a request's headers, and its body, must arrive within this; idle keep-alive
+    max_connections: int = 512  # open HTTP connections; more are closed as they are accepted
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
 
@@ -150,6 +155,12 @@ def validate(s: Settings) -> None:
         raise ValueError("resume_window_s must be between 0 (no resuming) and 600 seconds")
     if not 0 <= s.drain_timeout_s <= 3600:
         raise ValueError("drain_timeout_s must be between 0 and 3600 seconds")
+    if s.idle_timeout_s < 0 or s.max_call_s < 0:
+        raise ValueError("idle_timeout_s and max_call_s must be 0 (off) or a number of seconds")
+    if not 0.1 <= s.request_timeout_s <= 600:
+        raise ValueError("request_timeout_s must be between 0.1 and 600")
+    if s.max_connections < 8:
+        raise ValueError("max_connections must be at least 8")
     if not 0 <= s.video_window_s <= 600:
         raise ValueError("video_window_s must be between 0 (video ignored) and 600 seconds")
     t = s.turn
@@ -172,6 +183,17 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--self-signed", action="store_true", default=None,
                    help="serve HTTPS with a generated self-signed certificate (phones on a LAN)")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/* (the page takes ?token=)")
+    p.add_argument("--allowed-origin", dest="allowed_origins", action="append",
+                   help="let pages from this origin (https://app.example.com, or *) call the API; repeatable "
+                        "(default: same-origin pages only)")
+    p.add_argument("--idle-timeout-s", type=float,
+                   help="end a call after this long without caller speech or an answer "
+                        f"(default {d.idle_timeout_s:g}; 0: never)")
+    p.add_argument("--max-call-s", type=float, help=f"end a call after this long (default {d.max_call_s:g}; 0: never)")
+    p.add_argument("--request-timeout-s", type=float,
+                   help=f"seconds for a request's headers, and for its body (default {d.request_timeout_s:g})")
+    p.add_argument("--max-connections", type=int,
+                   help=f"open HTTP connections; more are closed at once (default {d.max_connections})")
     p.add_argument("--max-sessions", type=int, help="concurrent calls, each a session slot made at start-up (default: "
                    "as many as fit in GPU memory after the weights, at most 16; 4 on a CPU); more get 503")
     p.add_argument("--ice-server", dest="ice_servers", action="append",

@@ -105,9 +105,10 @@ class Conversation:
         self._image_at_ms = -1  # the latest video frame's time
         self._image_refused = False  # the engine refused a video frame (said once per call)
         self._answer: Answer | None = None  # the answer being thought or spoken
+        self._active_at = time.monotonic()  # when the caller last spoke or the last answer ended
         self._ids = itertools.count(1)
         self._ops: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self._worker = asyncio.create_task(self._work(), name="conversation-worker")
+        self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
 
     # ---- caller audio -------------------------------------------------------------------------------------
@@ -115,6 +116,8 @@ class Conversation:
         """One 32 ms chunk of caller audio."""
         p = self._vad(samples)
         signal = self._detector.feed(p)
+        if self._detector.active:
+            self._active_at = time.monotonic()
         chunk = Audio(self._clock_ms, samples)
         self._clock_ms += CHUNK_MS
         if self._answer is not None and self.state != State.INTERRUPTED:
@@ -255,7 +258,7 @@ class Conversation:
         """An answer is being thought or spoken (and not already cut)."""
         return self._answer is not None and self.state != State.INTERRUPTED
 
-    def use_track(self, track: OutboundAudioTrack) -> None:
+    def use_track(self, track: AnswerOutput) -> None:
         """Answers go out on `track` from now on (a resumed call's new peer connection)."""
         self.track = track
 
@@ -282,6 +285,11 @@ class Conversation:
             self._detector.silence_ms = turn.silence_ms
             self._detector.min_speech_ms = turn.barge_in_ms if self._answer else turn.min_speech_ms
             self._unpushed = collections.deque(self._unpushed, maxlen=self._preroll().maxlen)
+
+    @property
+    def last_active_at(self) -> float:
+        """time.monotonic() when the caller last spoke or an answer last ran (now, while one is under way)."""
+        return time.monotonic() if self._answer is not None else self._active_at
 
     # ---- answers ------------------------------------------------------------------------------------------
     def _interrupt(self, frames_heard: int | None = None) -> None:
@@ -347,6 +355,7 @@ class Conversation:
         self._emit("response.done", response=response)
         self._on_answer(metrics)
         log.info("answer %s %s: ttfp %s ms, %d frames", answer.id, status, metrics["ttfp_ms"], playout.frames_sent)
+        self._active_at = time.monotonic()
         if self._answer is answer:
             self._answer = None
             self._detector.min_speech_ms = self.turn.min_speech_ms
@@ -415,10 +424,12 @@ class Conversation:
 
     async def close(self) -> None:
         self.track.interrupt()
-        self._worker.cancel()
-        for task in list(self._side_tasks):
+        worker, self._worker = self._worker, None  # (its CancelledError's traceback refers back to self)
+        tasks = [t for t in (worker, *self._side_tasks) if t is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(self._worker, *self._side_tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._send = self._on_answer = _ignore  # a closed conversation says nothing more (and keeps no caller)
         await self.session.close()
 
     # ---- helpers ------------------------------------------------------------------------------------------
@@ -442,6 +453,10 @@ class ConversationError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def _ignore(_: dict[str, Any]) -> None:
+    pass
 
 
 def _ms(t: float | None, since: float) -> float | None:

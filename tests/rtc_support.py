@@ -17,6 +17,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from aiortc import RTCPeerConnection
 
 from rtc_agent.client.microphone import RATE, Microphone, load_audio, speech_spans
 from rtc_agent.client.peer import Call
@@ -113,10 +114,10 @@ async def server(engine_: Any = "shared", ssl_context: Any = None, **overrides: 
                  ) -> AsyncIterator[tuple[str, web.Application]]:
     """A real server on a free loopback port; yields its URL and app. engine_: "shared" (the tiny engine of this
     process), None (the server loads its own in the background), or an engine."""
-    from rtc_agent.server.app import create_app
+    from rtc_agent.server.app import create_app, make_runner
 
     app = create_app(settings(**overrides), engine=engine() if engine_ == "shared" else engine_)
-    runner = web.AppRunner(app)
+    runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
     await site.start()
@@ -125,6 +126,17 @@ async def server(engine_: Any = "shared", ssl_context: Any = None, **overrides: 
         yield f"{scheme}://127.0.0.1:{runner.addresses[0][1]}", app
     finally:
         await runner.cleanup()
+
+
+async def audio_offer() -> str:
+    """The SDP offer of a real aiortc caller: a microphone line (sendrecv, Opus) and the `events` data channel."""
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio")
+    pc.createDataChannel("events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
 
 
 async def wait_ready(url: str, timeout_s: float = 60.0) -> None:

@@ -21,7 +21,7 @@ from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, SpeechProbabili
 from rtc_agent.media.video import FrameGrid, model_size, sample_video
 from rtc_agent.server.protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, parse_client_message,
                                        parse_offer)
-from rtc_support import needs_espeak, run, speech
+from rtc_support import audio_offer, needs_espeak, run, speech
 
 # ---- turn detection -------------------------------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ def test_client_messages() -> None:
                 '{"type": "session.update"}', '"just a string"', "{"]:
         with pytest.raises(ProtocolError):
             parse_client_message(bad, turn)
-    assert parse_offer({"sdp": "v=0\r\n", "type": "offer", "voice": "aiden"}).voice == "aiden"
+    assert parse_offer({"sdp": run(audio_offer()), "type": "offer", "voice": "aiden"}).voice == "aiden"
 
 
 def test_settings_precedence_and_ice_servers(tmp_path) -> None:

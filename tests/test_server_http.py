@@ -20,7 +20,7 @@ from rtc_agent.client.peer import CallError
 from rtc_agent.server import tls
 from rtc_agent.server.state import STATE
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import (LOOPBACK, caller, metric, metrics_text, needs_espeak, run, server, settings,
+from rtc_support import (LOOPBACK, audio_offer, caller, metric, metrics_text, needs_espeak, run, server, settings,
                          speech, wait_ready)
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,20 +29,12 @@ pytestmark = pytest.mark.timeout(180)
 async def post(url: str, body: Any = None, *, raw: bytes | None = None, token: str | None = None
                ) -> tuple[int, dict[str, Any], dict[str, str]]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if raw is not None:
+        headers["Content-Type"] = "application/json"
     async with aiohttp.ClientSession() as http:
         kwargs: dict[str, Any] = {"data": raw} if raw is not None else {"json": body}
         async with http.post(f"{url}/api/offer", headers=headers, **kwargs) as r:
             return r.status, await r.json(content_type=None), dict(r.headers)
-
-
-async def audio_offer() -> str:
-    pc = RTCPeerConnection()
-    pc.addTransceiver("audio")
-    pc.createDataChannel("events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
 def test_bad_offers_get_400_with_a_json_error_and_the_server_keeps_working() -> None:
@@ -58,7 +50,7 @@ def test_bad_offers_get_400_with_a_json_error_and_the_server_keeps_working() -> 
                 ({"sdp": good, "type": "offer", "voice": "bob"}, None, "invalid_value"),
                 ({"sdp": good, "type": "offer", "instructions": 42}, None, "invalid_value"),
                 ({"sdp": "v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n", "type": "offer"}, None, "invalid_sdp"),
-                ({"sdp": "v=0\r\nthis is not sdp\r\n", "type": "offer"}, None, "no_audio"),
+                ({"sdp": "v=0\r\nthis is not sdp\r\n", "type": "offer"}, None, "invalid_sdp"),
             ]
             for body, raw, code in cases:
                 status, data, _ = await post(url, body, raw=raw)

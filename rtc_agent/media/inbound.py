@@ -97,14 +97,18 @@ async def audio_chunks(
     """Reads a received audio track as 16 kHz mono float32 chunks of `size` samples until the track ends.
 
     Raises PeerSilent when the first frame takes longer than `first_timeout_s` (connecting) or a later one
-    longer than `timeout_s` (ICE itself takes 30 s to give up on a vanished peer).
+    longer than `timeout_s` (ICE itself takes 30 s to give up on a vanished peer). It waits with asyncio.timeout,
+    not wait_for: on Python 3.11 wait_for runs recv() in a task of its own, and that task, the track's
+    MediaStreamError and this frame form a reference cycle that would keep the resampler (and its libav threads)
+    until a cyclic GC pass.
     """
     downmix, chunker = Downmixer(), Chunker(size)
     wait = first_timeout_s
     while True:
         try:
-            frame = await asyncio.wait_for(track.recv(), wait)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(wait):
+                frame = await track.recv()
+        except TimeoutError:
             raise PeerSilent(f"no audio for {wait:.0f} s") from None
         except MediaStreamError:
             return

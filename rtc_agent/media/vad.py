@@ -4,6 +4,7 @@ This is the only place where the media side touches torch, and only through sile
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 import threading
 import warnings
@@ -46,11 +47,33 @@ class SpeechProbability:
             torch.set_num_threads(threads)
         self._torch = torch
 
+    def reset(self) -> None:
+        """Forgets the audio heard so far (silero keeps state between chunks): ready for another call."""
+        self._model.reset_states()
+
     def __call__(self, chunk: np.ndarray) -> float:
         if chunk.shape != (CHUNK_SAMPLES,):
             raise ValueError(f"silero-vad takes {CHUNK_SAMPLES} samples, got shape {chunk.shape}")
         with self._torch.inference_mode():
             return float(self._model(self._torch.from_numpy(chunk), 16_000))
+
+
+class VadPool:
+    """silero models handed from one call to the next. Loading one per call costs a TorchScript load and leaves
+    a graph of scripted modules that only Python's cyclic GC frees (thousands over a few hundred calls). The
+    pool holds at most as many models as calls were ever up at once."""
+
+    def __init__(self) -> None:
+        self._free: list[SpeechProbability] = []
+
+    async def acquire(self) -> SpeechProbability:
+        if self._free:
+            return self._free.pop()
+        return await asyncio.to_thread(SpeechProbability)
+
+    def release(self, vad: SpeechProbability) -> None:
+        vad.reset()
+        self._free.append(vad)
 
 
 class Signal(enum.Enum):

@@ -16,11 +16,14 @@ from aiohttp.abc import AbstractAccessLogger
 from ..config import VOICES, Settings
 from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
+from .errors import ApiError
+from .guard import api_guard
+from .limits import Runner, rate_limit_logging
 from .metrics import Metrics
 from .protocol import turn_description
 from .realtime_http import add_realtime_routes, realtime_middleware
 from .sessions import Sessions
-from .signaling import ApiError, api_errors, hang_up, offer, session_status
+from .signaling import hang_up, offer, session_status
 from .state import STATE, ServerState
 from .turn import turn_ice_servers
 
@@ -35,7 +38,7 @@ def create_app(settings: Settings, engine: Any = None) -> web.Application:
     use_host_addresses(settings.ice_host_addresses)
     metrics = Metrics()
     state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors, realtime_middleware])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_guard, realtime_middleware])
     app[STATE] = state
     app.router.add_post("/api/offer", offer)
     app.router.add_get("/api/sessions/{session_id}", session_status)
@@ -171,6 +174,14 @@ class AccessLogger(AbstractAccessLogger):
 
 
 # ---- serve --------------------------------------------------------------------------------------------------
+def make_runner(app: web.Application, **kwargs: Any) -> Runner:
+    """The app's runner with the server's HTTP limits (limits.py)."""
+    state = app[STATE]
+    s = state.settings
+    return Runner(app, request_timeout_s=s.request_timeout_s, max_connections=s.max_connections,
+                  on_refused=state.metrics.connections_refused.inc, **kwargs)
+
+
 # The engine's worker thread needs the GIL for every kernel launch and host copy; at Python's default 5 ms switch
 # interval it waits behind the event loop (aiortc, Opus and the VAD of every call). H200, 8 callers at once: server
 # ttfp P50 925 ms at 5 ms, 542 ms at 0.5 ms (docs/PERFORMANCE.md).
@@ -180,9 +191,10 @@ SWITCH_INTERVAL_S = 0.0005
 async def serve(settings: Settings) -> int:
     """Runs the server until SIGINT, or SIGTERM and the drain that follows it (0), or until the model fails to
     load (1)."""
+    rate_limit_logging()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log_class=AccessLogger, handle_signals=False)
+    runner = make_runner(app, access_log_class=AccessLogger, handle_signals=False)
     await runner.setup()
     try:
         ssl_context = tls.server_context(settings)

@@ -21,6 +21,8 @@ class Metrics:
         self.active_sessions = Gauge("rtc_agent_active_sessions", "Calls in progress", registry=r)
         self.sessions = Counter("rtc_agent_sessions", "Calls started", registry=r)
         self.rejected = Counter("rtc_agent_offers_rejected", "Offers refused", ["reason"], registry=r)
+        self.connections_refused = Counter("rtc_agent_connections_refused",
+                                           "HTTP connections closed at once: max_connections were open", registry=r)
         self.turns = Counter("rtc_agent_turns", "Caller turns answered", ["status"], registry=r)
         self.frames = Counter("rtc_agent_output_frames", "Answer frames by outcome", ["outcome"], registry=r)
         self.engine_ms = Histogram("rtc_agent_engine_step_ms", "Engine timings reported per answer",

@@ -5,23 +5,17 @@ Names follow the OpenAI Realtime API where one fits (see README.md, "The contrac
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import VOICES, TurnSettings
+from . import json_input
+from .errors import ProtocolError
+from .sdp_offer import check_offer
 
 MAX_INSTRUCTIONS = 8000
 MAX_MESSAGE_BYTES = 64 * 1024
-
-
-class ProtocolError(Exception):
-    """Bad input from a client: becomes an HTTP 400 or an `error` event; nothing else changes."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+MAX_NUMBER = 1e9  # no setting is anywhere near this; it keeps NaN, infinities and 400-digit integers out
 
 
 @dataclass(frozen=True)
@@ -60,15 +54,24 @@ def _voice(value: Any) -> str | None:
     return str(value)
 
 
-def _instructions(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > MAX_INSTRUCTIONS:
-        raise ProtocolError("invalid_value", f"instructions must be a string of at most {MAX_INSTRUCTIONS} characters")
+def text_value(value: Any, name: str, max_chars: int) -> str:
+    """A client's free text: a string of at most `max_chars` that is valid Unicode (JSON can carry lone UTF-16
+    surrogates such as "\\ud800", which no tokenizer can encode)."""
+    if not isinstance(value, str) or len(value) > max_chars:
+        raise ProtocolError("invalid_value", f"{name} must be a string of at most {max_chars} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError("invalid_value", f"{name} holds a lone surrogate: it is not valid Unicode text") from None
     return value
 
 
+def _instructions(value: Any) -> str | None:
+    return None if value is None else text_value(value, "instructions", MAX_INSTRUCTIONS)
+
+
 def parse_offer(body: Any) -> Offer:
+    """The JSON offer body (already parsed by json_input.loads), its SDP checked by sdp_offer."""
     if not isinstance(body, dict):
         raise ProtocolError("invalid_json", "the body must be a JSON object")
     sdp, kind = body.get("sdp"), body.get("type")
@@ -79,8 +82,9 @@ def parse_offer(body: Any) -> Offer:
     resume = body.get("resume_token")
     if resume is not None and (not isinstance(resume, str) or not 0 < len(resume) <= 128):
         raise ProtocolError("invalid_value", "resume_token must be the token from session.created")
-    return Offer(sdp=sdp, voice=_voice(body.get("voice")), instructions=_instructions(body.get("instructions")),
-                 resume_token=resume)
+    voice, instructions = _voice(body.get("voice")), _instructions(body.get("instructions"))
+    check_offer(sdp)
+    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume)
 
 
 # session.update's turn_detection <-> TurnSettings
@@ -105,8 +109,8 @@ def _turn(value: Any, current: TurnSettings) -> TurnSettings:
         if key not in _TURN_KEYS:
             raise ProtocolError("unknown_parameter", f"turn_detection.{key} is not a setting")
         name, kind = _TURN_KEYS[key]
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-            raise ProtocolError("invalid_value", f"turn_detection.{key} must be a number")
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not -MAX_NUMBER < raw < MAX_NUMBER:
+            raise ProtocolError("invalid_value", f"turn_detection.{key} must be a finite number")
         changes[name] = kind(raw)
     turn = dataclasses.replace(current, **changes)
     if not 0.0 < turn.vad_threshold < 1.0:
@@ -127,12 +131,9 @@ def turn_description(turn: TurnSettings) -> dict[str, Any] | None:
 
 
 def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage:
-    if isinstance(text, bytes) or len(text) > MAX_MESSAGE_BYTES:
+    if not isinstance(text, str) or len(text) > MAX_MESSAGE_BYTES:
         raise ProtocolError("invalid_json", "messages are JSON text of at most 64 KiB")
-    try:
-        msg = json.loads(text)
-    except ValueError:
-        raise ProtocolError("invalid_json", "the message is not JSON") from None
+    msg = json_input.loads(text)
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("invalid_json", 'a message is a JSON object with a "type"')
     kind = msg["type"]

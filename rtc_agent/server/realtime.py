@@ -22,6 +22,7 @@ from ..config import TurnSettings
 from ..conversation import Conversation, ConversationError
 from ..media.outbound import PACKET_S
 from ..media.pcm import PCM_RATE
+from . import json_input
 from .protocol import ProtocolError, SessionUpdate, parse_client_message, turn_description
 
 Transport = Literal["webrtc", "websocket"]
@@ -47,6 +48,14 @@ class RealtimeError(Exception):
     def __init__(self, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.param = code, message, param
+
+
+def parse_json(text: str | bytes, what: str, param: str | None = None) -> Any:
+    """Client JSON through the server's one parser (depth, constants, encoding); any problem is `invalid_json`."""
+    try:
+        return json_input.loads(text)
+    except ProtocolError as exc:
+        raise RealtimeError("invalid_json", f"{what}: {exc.message}", param) from None
 
 
 def _unsupported(param: str, what: str) -> RealtimeError:
@@ -309,10 +318,7 @@ class RealtimeEvents:
         try:
             if not isinstance(text, str) or len(text) > MAX_EVENT_BYTES:
                 raise RealtimeError("invalid_json", "events are JSON text of at most 8 MiB")
-            try:
-                event = json.loads(text)
-            except ValueError:
-                raise RealtimeError("invalid_json", "the event is not JSON") from None
+            event = parse_json(text, "the event is not JSON")
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise RealtimeError("invalid_json", 'an event is a JSON object with a "type"')
             event_id = event.get("event_id")

@@ -13,9 +13,8 @@ what authorizes a request.
 """
 from __future__ import annotations
 
-import asyncio
+import functools
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -24,12 +23,11 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from ..media.vad import SpeechProbability
 from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
-from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_session, session_object
+from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
 from .realtime_ws import RealtimeSocket
-from .signaling import ApiError, check_capacity, new_engine_session, open_call
-from .state import STATE, ServerState
+from .signaling import ApiError, call_ended, check_capacity, new_engine_session, open_call
+from .state import STATE
 
 log = logging.getLogger(__name__)
 PREFIX = "/v1/realtime"
@@ -211,10 +209,7 @@ async def _call_body(request: web.Request) -> tuple[str, Any]:
         raise RealtimeError("missing_required_parameter", "the form needs an sdp part", "sdp")
     if session is None:
         return sdp, None
-    try:
-        return sdp, json.loads(session)
-    except ValueError:
-        raise RealtimeError("invalid_json", "the session part is not JSON", "session") from None
+    return sdp, parse_json(session, "the session part is not JSON", "session")
 
 
 def _form_text(value: Any) -> str | None:
@@ -246,15 +241,16 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     check_capacity(state)
     try:
         engine_session = new_engine_session(state, s.voice, s.instructions)
+        vad = await state.vads.acquire()
         try:
-            vad = await asyncio.to_thread(SpeechProbability)
             ws = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
             await ws.prepare(request)
         except BaseException:  # (the client went away during the upgrade)
+            state.vads.release(vad)
             await engine_session.close()
             raise
         socket = RealtimeSocket(ws, s, engine_session, vad, state.metrics, state.engine.describe().get("model"),
-                                s.voice, s.instructions, on_closed=state.sessions.remove)
+                                s.voice, s.instructions, on_closed=functools.partial(call_ended, state, vad))
         if update is not None:  # checked when the secret was minted
             socket.realtime.apply(update)
     finally:
@@ -270,7 +266,4 @@ async def not_found(request: web.Request) -> web.Response:
 
 
 def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise RealtimeError("invalid_json", "the body is not JSON") from None
+    return parse_json(raw, "the body is not JSON")

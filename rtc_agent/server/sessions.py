@@ -26,6 +26,7 @@ from .realtime import RealtimeEvents
 log = logging.getLogger(__name__)
 FIRST_AUDIO_TIMEOUT_S = 8.0  # ICE and DTLS must be through by then (a failed ICE is freed within 10 s)
 MAX_PENDING_EVENTS = 256
+DRAIN_S = 1.0  # how long a last event may take to leave before the call is hung up
 
 
 class EventChannel:
@@ -44,10 +45,6 @@ class EventChannel:
         else:
             channel.on("open", self._flush)
 
-    def detach(self) -> None:
-        """The connection died: what is sent until a channel is attached again waits for it."""
-        self._channel = None
-
     def send(self, message: dict[str, Any]) -> None:
         text = json.dumps(message, separators=(",", ":"))
         channel = self._channel
@@ -61,6 +58,20 @@ class EventChannel:
         for text in pending:
             if self._channel is not None and self._channel.readyState == "open":
                 self._channel.send(text)
+
+    async def drain(self, timeout_s: float = DRAIN_S) -> None:
+        """Waits (at most `timeout_s`) until what was sent has left the channel's buffer."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while self._channel is not None and self._channel.bufferedAmount > 0 and loop.time() < end:
+            await asyncio.sleep(0.02)
+
+    def detach(self) -> None:
+        """Drops the channel and its listeners (they refer back to the call). What is sent until a channel is
+        attached again waits for it (a call whose connection died may be resumed)."""
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
+        self._channel = None
 
 
 class CallSession:
@@ -96,6 +107,7 @@ class CallSession:
         if self.realtime:
             self.realtime.bind(self.conversation)
         self._wire(pc)
+        self._spawn(self._enforce_limits(), "limits")
 
     @property
     def parked(self) -> bool:
@@ -108,16 +120,31 @@ class CallSession:
     # ---- wiring -------------------------------------------------------------------------------------------
     def _wire(self, pc: RTCPeerConnection) -> None:
         """Listens to `pc`; its events stop counting once the call has moved on to another peer connection."""
-        pc.on("datachannel", lambda channel: pc is self.pc and self._on_datachannel(channel))
-        pc.on("track", lambda track: pc is self.pc and self._on_track(track))
-        pc.on("connectionstatechange", lambda: pc is self.pc and self._on_connection_state())
+        for event, callback in (("datachannel", self._on_datachannel), ("track", self._on_track),
+                                ("connectionstatechange", self._on_connection_state)):
+            pc.on(event, self._guarded(callback, lambda: pc is self.pc))
+
+    def _guarded(self, callback: Callable[..., None], current: Callable[[], bool] = lambda: True
+                 ) -> Callable[..., None]:
+        """aiortc runs these callbacks inside its own DTLS/SCTP loops: an exception there would tear the
+        connection down without a word to the caller. Here it is logged and the caller gets an `error` event;
+        the call goes on. `current`: whether the callback still counts (its peer connection is the call's)."""
+        def run(*args: Any) -> None:
+            if not current():
+                return
+            try:
+                callback(*args)
+            except Exception:
+                log.exception("call %s: %s failed", self.id, getattr(callback, "__name__", "a callback"))
+                self.events.send(error_event("internal_error", "the server failed to handle this", "server_error"))
+        return run
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if self.realtime is not None and channel.label == "oai-events":
-            self.events.attach(channel, self.realtime.receive)
+            self.events.attach(channel, self._guarded(self.realtime.receive))
             self.realtime.opened()
         elif self.realtime is None and channel.label == "events":
-            self.events.attach(channel, self._on_message)
+            self.events.attach(channel, self._guarded(self._on_message))
             self.events.send({"type": "session.created", "session": self.description()})
 
     def _on_track(self, track: MediaStreamTrack) -> None:
@@ -166,6 +193,30 @@ class CallSession:
                 conversation.cancel_response()
         except (ProtocolError, ConversationError) as exc:
             self.events.send(error_event(exc.code, exc.message))
+
+    async def _enforce_limits(self) -> None:
+        """Ends the call at the idle limit (no caller speech and no answer for idle_timeout_s) or at max_call_s,
+        with an `error` event first so that the client can tell the caller why."""
+        s = self.settings
+        while True:
+            limits = []
+            if s.max_call_s:
+                limits.append((self.started_at + s.max_call_s, "session_expired",
+                               f"the call reached its maximum length of {s.max_call_s:g} s"))
+            if s.idle_timeout_s:
+                limits.append((self.conversation.last_active_at + s.idle_timeout_s, "idle_timeout",
+                               f"nobody spoke for {s.idle_timeout_s:g} s"))
+            if not limits:
+                return
+            at, code, message = min(limits)
+            wait = at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # (the caller may have spoken meanwhile: look again)
+                continue
+            self.events.send(error_event(code, f"{message}: the call is ended", "server_error"))
+            await self.events.drain()
+            self.close(code)
+            return
 
     def _answered(self, metrics: dict[str, Any]) -> None:
         self.metrics.answer(metrics)
@@ -261,11 +312,31 @@ class CallSession:
             try:
                 if self.pc is not None:
                     await self.pc.close()
+            except Exception:
+                log.exception("call %s: closing the peer connection failed", self.id)
             finally:
+                self._unwire()
                 self._on_closed(self)
         ttfp = ", ".join(f"{v:.0f}" for v in self.first_packet_ms) or "-"
         log.info("call %s ended (%s) after %.1f s; first-packet latency per answer: %s ms",
                  self.id, reason, time.monotonic() - self.started_at, ttfp)
+
+    def _unwire(self) -> None:
+        """Drops the callbacks that tie the peer connection and the call to each other, so that an ended call is
+        freed at once by reference counting (its codecs' threads with it), not by a later cyclic GC pass."""
+        for emitter in _emitters(self.pc):
+            emitter.remove_all_listeners()
+        self.events.detach()
+
+
+def _emitters(pc: RTCPeerConnection) -> list[Any]:
+    """The peer connection and its transports: aiortc's own listeners tie the transports back to the peer
+    connection, and its close() removes only the peer connection's."""
+    dtls = [t.receiver.transport for t in pc.getTransceivers()]
+    sctp = [pc.sctp] if pc.sctp is not None else []
+    dtls += [s.transport for s in sctp]
+    ice = [d.transport for d in dtls]
+    return [pc, *sctp, *dtls, *ice, *(i.iceGatherer for i in ice)]
 
 
 class Full(Exception):

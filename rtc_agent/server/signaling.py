@@ -2,11 +2,9 @@
 whether it is here, DELETE /api/sessions/{id} hangs up."""
 from __future__ import annotations
 
-import asyncio
-import hmac
-import json
+import functools
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -16,7 +14,10 @@ from ..media.ice import rtc_configuration
 from ..media.inbound import use_low_latency_audio
 from ..media.outbound import PACKET_S, OutboundAudioTrack
 from ..media.vad import SpeechProbability
-from .protocol import Offer, ProtocolError, parse_offer
+from . import json_input
+from .errors import ApiError, ProtocolError
+from .guard import read_body
+from .protocol import Offer, parse_offer
 from .sessions import CallSession, Full
 from .state import STATE, ServerState
 
@@ -26,70 +27,20 @@ RETRY_AFTER_LOADING_S = 5
 RETRY_AFTER_DRAINING_S = 5
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
-
-    def response(self) -> web.Response:
-        body = {"error": {"code": self.code, "message": self.message}}
-        return web.json_response(body, status=self.status, headers=self.headers)
-
-
-@web.middleware
-async def api_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                     ) -> web.StreamResponse:
-    """Token check, and JSON errors for everything under /api/."""
-    if not request.path.startswith("/api/"):
-        return await handler(request)
-    try:
-        _check_token(request)
-        return await handler(request)
-    except ApiError as exc:
-        return exc.response()
-    except web.HTTPRequestEntityTooLarge:
-        return ApiError(413, "body_too_large", "the request body is too large").response()
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return ApiError(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason).response()
-
-
-def _check_token(request: web.Request) -> None:
-    token = request.app[STATE].settings.token
-    if not token or request.method == "OPTIONS":
-        return
-    header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else ""
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise ApiError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>'",
-                       {"WWW-Authenticate": "Bearer"})
-
-
-async def _json_body(request: web.Request) -> Any:
-    limit = request.app[STATE].settings.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "body_too_large", f"the body may be at most {limit} bytes")
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise ApiError(400, "invalid_json", "the body is not JSON") from None
-
-
 async def offer(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
         return await _offer(request, state)
     except ApiError as exc:
-        if exc.status in (400, 413):
+        if exc.status in (400, 408, 413, 415):
             state.metrics.rejected.labels("bad_request").inc()
         raise
 
 
 async def _offer(request: web.Request, state: ServerState) -> web.Response:
+    body = await read_body(request, ("application/json",))
     try:
-        parsed = parse_offer(await _json_body(request))
+        parsed = parse_offer(json_input.loads(body))
     except ProtocolError as exc:
         raise ApiError(400, exc.code, exc.message) from None
     if parsed.resume_token is not None:
@@ -171,10 +122,10 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
     engine_session = new_engine_session(state, voice, instructions)
-    vad = await asyncio.to_thread(SpeechProbability)
+    vad = await state.vads.acquire()
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
-                       instructions, on_closed=state.sessions.remove, realtime=realtime)
+                       instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime)
     try:
         await _answer_offer(pc, offer.sdp, call.track)
     except BaseException:
@@ -184,15 +135,22 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
 
 
 async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTrack) -> None:
+    """Applies an offer that `parse_offer` checked and makes the answer; 400 `invalid_sdp` if aiortc still cannot
+    use it."""
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-    except Exception as exc:  # aiortc raises ValueError and friends on SDP it cannot use
-        raise ApiError(400, "invalid_sdp", f"the offer cannot be used: {exc}") from None
-    if not any(t.kind == "audio" for t in pc.getTransceivers()):
-        raise ApiError(400, "no_audio", "the offer has no audio: the call needs a microphone track")
-    pc.addTrack(track)
-    use_low_latency_audio(pc)
-    await pc.setLocalDescription(await pc.createAnswer())
+        pc.addTrack(track)
+        use_low_latency_audio(pc)
+        await pc.setLocalDescription(await pc.createAnswer())
+    except Exception as exc:  # sdp_offer let through something aiortc cannot use
+        log.warning("aiortc refused a checked offer: %r", exc)
+        raise ApiError(400, "invalid_sdp", f"the offer cannot be used: {str(exc)[:200]}") from None
+
+
+def call_ended(state: ServerState, vad: SpeechProbability, call: Any) -> None:
+    """A call (or a Realtime WebSocket) is over: out of the registry, its VAD model back to the pool."""
+    state.sessions.remove(call)
+    state.vads.release(vad)
 
 
 def _call(request: web.Request) -> CallSession:

@@ -1,12 +1,13 @@
 """What the request handlers share: settings, metrics, the calls, and the engine once it is loaded."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from ..config import Settings
+from ..media.vad import VadPool
 from .metrics import Metrics
 from .sessions import Sessions
 
@@ -19,6 +20,7 @@ class ServerState:
     engine: Any = None  # rtc_agent.engine.Engine, once loaded
     load_error: str | None = None
     draining: bool = False  # SIGTERM: no new calls; the process ends when the last call has
+    vads: VadPool = field(default_factory=VadPool)  # silero models, reused from call to call
 
     @property
     def ready(self) -> bool:

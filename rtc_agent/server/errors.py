@@ -1,0 +1,26 @@
+"""The two ways a client's bad input is refused: an HTTP error (ApiError) or a contract error code
+(ProtocolError, which becomes an HTTP 400 or an `error` event on the data channel)."""
+from __future__ import annotations
+
+from aiohttp import web
+
+
+class ProtocolError(Exception):
+    """Bad input from a client: becomes an HTTP 400 or an `error` event; nothing else changes."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ApiError(Exception):
+    """An HTTP answer with the contract's JSON error body `{"error": {"code", "message"}}`."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+
+    def response(self) -> web.Response:
+        body = {"error": {"code": self.code, "message": self.message}}
+        return web.json_response(body, status=self.status, headers=self.headers)

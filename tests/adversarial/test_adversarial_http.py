@@ -1,0 +1,153 @@
+"""Bad HTTP input against a real server (tiny model): each gets its status and JSON error code, never a 500,
+holds no call slot, and a normal call on the same server still gets its spoken answer afterwards."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import aiohttp
+import pytest
+
+from adversary import active_calls, error_code, mangle, post_offer, still_answers
+from rtc_support import audio_offer, needs_espeak, run, server, wait_ready
+from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
+
+pytestmark = [needs_espeak, pytest.mark.timeout(240)]
+
+
+def sdp_cases(good: str) -> list[tuple[str, str, str]]:
+    """(what, mangled offer, expected code): every SDP row of issue 13 and the ones that passed before."""
+    mid = good.split("a=mid:")[1].split("\r\n")[0]  # the audio line's
+    return [
+        ("BUNDLE names a missing mid", mangle(good, r"a=group:BUNDLE (.*)", r"a=group:BUNDLE \1 9"), "invalid_sdp"),
+        ("a renamed mid", mangle(good, rf"a=mid:{mid}", "a=mid:renamed"), "invalid_sdp"),
+        ("a NUL in a mid", mangle(good, rf"a=mid:{mid}", f"a=mid:{mid}\x00x"), "invalid_sdp"),
+        ("no ice-ufrag", mangle(good, r"a=ice-ufrag:.*", None), "invalid_sdp"),
+        ("no ice-pwd", mangle(good, r"a=ice-pwd:.*", None), "invalid_sdp"),
+        ("no fingerprint", mangle(good, r"a=fingerprint:.*", None), "invalid_sdp"),
+        ("no common codec", mangle(good, r"a=rtpmap:(\d+) opus/48000/2", r"a=rtpmap:\1 speex/48000"), "invalid_sdp"),
+        ("RTP/AVP", mangle(good, r"m=audio (\d+) UDP/TLS/RTP/SAVPF (.*)", r"m=audio \1 RTP/AVP \2"), "invalid_sdp"),
+        ("port 0 audio", mangle(good, r"m=audio \d+ (.*)", r"m=audio 0 \1"), "no_audio"),
+        ("audio recvonly (no microphone)", mangle(good, r"a=sendrecv", "a=recvonly", 1), "no_audio"),
+        ("audio inactive", mangle(good, r"a=sendrecv", "a=inactive", 1), "no_audio"),
+        ("a text m-line", good + "m=text 9 UDP/TLS/RTP/SAVPF 98\r\na=mid:t\r\n", "invalid_sdp"),
+        ("garbage lines", "v=0\r\nthis is not sdp\r\n", "invalid_sdp"),
+        ("a malformed m-line", "v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n", "invalid_sdp"),
+        ("no audio line", "v=0\r\ns=-\r\n", "no_audio"),
+    ]
+
+
+def two_hundred_audio_lines(good: str) -> str:
+    """The audio section repeated 200 times, each with its own mid (all named in BUNDLE)."""
+    head, rest = good.split("m=audio", 1)
+    audio, tail = ("m=audio" + rest).split("m=application", 1)
+    mid = audio.split("a=mid:")[1].split("\r\n")[0]
+    copies = [audio.replace(f"a=mid:{mid}\r\n", f"a=mid:a{i}\r\n") for i in range(200)]
+    head = head.replace(f"a=group:BUNDLE {mid}", "a=group:BUNDLE " + " ".join(f"a{i}" for i in range(200)))
+    return head + "".join(copies) + "m=application" + tail
+
+
+def test_bad_offer_bodies_and_sdp_get_their_400_and_leave_nothing_behind() -> None:
+    async def main() -> None:
+        async with server() as (url, app):
+            await wait_ready(url)
+            good = await audio_offer()
+            threads = threading.active_count()
+            bodies = [
+                ("not JSON", None, b"{not json", 400, "invalid_json"),
+                ("JSON nested 100 000 deep", None, b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json"),
+                ("objects nested 40 000 deep", None, b"{\"a\":" * 40_000 + b"1" + b"}" * 40_000, 400, "invalid_json"),
+                ("NaN in the body", None, b'{"sdp": NaN, "type": "offer"}', 400, "invalid_json"),
+                ("not UTF-8", None, b'{"sdp": "\xff\xfe", "type": "offer"}', 400, "invalid_json"),
+                ("a JSON array", [1, 2], None, 400, "invalid_json"),
+                ("no sdp", {"type": "offer"}, None, 400, "invalid_value"),
+                ("an answer", {"sdp": good, "type": "answer"}, None, 400, "invalid_value"),
+                ("an unknown voice", {"sdp": good, "type": "offer", "voice": "bob"}, None, 400, "invalid_value"),
+                ("instructions not text", {"sdp": good, "type": "offer", "instructions": 42}, None, 400,
+                 "invalid_value"),
+                ("instructions with a lone surrogate", None,
+                 json.dumps({"sdp": good, "type": "offer", "instructions": "hi \ud800"}).encode(), 400,
+                 "invalid_value"),
+                ("300 KiB", None, b"x" * (300 * 1024), 413, "body_too_large"),
+                ("200 audio m-lines", {"sdp": two_hundred_audio_lines(good), "type": "offer"}, None, 400,
+                 "invalid_sdp"),
+            ]
+            for what, body, raw, status, code in bodies:
+                assert await error_code(url, body, raw=raw) == (status, code), what
+            for what, sdp, code in sdp_cases(good):
+                assert await error_code(url, {"sdp": sdp, "type": "offer"}) == (400, code), what
+            assert active_calls(app) == 0
+            assert threading.active_count() <= threads + 2  # (the asyncio executor may add a worker)
+            await still_answers(url, app)
+
+    run(main(), timeout_s=200)
+
+
+def test_content_type_and_origin_are_checked() -> None:
+    async def main() -> None:
+        async with server(allowed_origins=("https://app.example",)) as (url, app):
+            await wait_ready(url)
+            body = json.dumps({"sdp": await audio_offer(), "type": "offer"}).encode()
+            host = url.split("//")[1]
+            # a cross-origin "simple" request (text/plain needs no preflight) is refused before it takes a slot
+            text = {"Content-Type": "text/plain"}
+            assert await error_code(url, raw=body, headers=text) == (415, "unsupported_media_type")
+            assert await error_code(url, raw=body, headers={"Content-Type": "application/x-www-form-urlencoded",
+                                                            "Origin": "https://evil.example"}
+                                    ) == (403, "origin_not_allowed")
+            assert await error_code(url, raw=body, headers={"Origin": "null"}) == (403, "origin_not_allowed")
+            async with aiohttp.ClientSession() as http:
+                preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+                async with http.options(f"{url}/api/offer", headers=preflight) as r:
+                    assert r.status == 403 and "Access-Control-Allow-Origin" not in r.headers
+                preflight["Origin"] = "https://app.example"
+                async with http.options(f"{url}/api/offer", headers=preflight) as r:
+                    assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "https://app.example"
+                    assert "Content-Type" in r.headers["Access-Control-Allow-Headers"]
+            # the listed origin and the server's own pages (same host) get their answer; then hang up
+            for origin in ("https://app.example", f"http://{host}"):
+                status, data, headers = await post_offer(url, raw=body, headers={"Origin": origin})
+                assert status == 200, data
+                cors = headers.get("Access-Control-Allow-Origin")
+                assert cors == (origin if origin == "https://app.example" else None)
+                async with aiohttp.ClientSession() as http:
+                    async with http.delete(f"{url}/api/sessions/{data['session_id']}",
+                                           headers={"Origin": origin}) as r:
+                        assert r.status == 200
+            assert active_calls(app) == 0
+            await still_answers(url, app)
+
+    run(main(), timeout_s=200)
+
+
+async def raw_status(url: str, request: bytes) -> int:
+    """Sends `request` as it is (bytes no HTTP client would write) and returns the answer's status."""
+    host, port = url.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        status_line = await asyncio.wait_for(reader.readline(), 10.0)
+        return int(status_line.split()[1])
+    finally:
+        writer.close()
+
+
+def test_bearer_tokens_that_are_not_latin_1_or_not_utf_8_get_401() -> None:
+    async def main() -> None:
+        async with server(token="s3cret") as (url, app):
+            await wait_ready(url)
+            body = json.dumps({"sdp": await audio_offer(), "type": "offer"}).encode()
+            for token in ("\u00e9t\u00e9".encode(), "\u4f60\u597d".encode(), b"\xff\xfe\x80", b"s3cret\xff", b"\x80"):
+                for path, method, payload in (("/api/offer", b"POST", body), ("/api/config", b"GET", b"")):
+                    request = (method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               b"Authorization: Bearer " + token + b"\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+                    assert await raw_status(url, request) == 401, (token, path)
+            assert await error_code(url, json.loads(body), headers={"Authorization": "Bearer wrong"}
+                                    ) == (401, "unauthorized")
+            assert active_calls(app) == 0
+            status, data, _ = await post_offer(url, json.loads(body), headers={"Authorization": "Bearer s3cret"})
+            assert status == 200 and data["session_id"]
+
+    run(main(), timeout_s=120)
