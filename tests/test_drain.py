@@ -13,7 +13,7 @@ import pytest
 
 from netns_support import needs_namespaces, private_network, start, stop
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import caller, needs_espeak, run, say
+from rtc_support import audio_offer, caller, needs_espeak, run, say
 
 PORT = 8080
 URL = f"http://127.0.0.1:{PORT}"
@@ -28,7 +28,7 @@ async def get(path: str) -> tuple[int, dict]:
 
 async def post_offer() -> tuple[int, dict, str | None]:
     async with aiohttp.ClientSession() as http:
-        async with http.post(URL + "/api/offer", json={"sdp": "v=0\r\n", "type": "offer"}) as r:
+        async with http.post(URL + "/api/offer", json={"sdp": await audio_offer(), "type": "offer"}) as r:
             return r.status, await r.json(), r.headers.get("Retry-After")
 
 

@@ -324,7 +324,7 @@ class CallSession:
     def _unwire(self) -> None:
         """Drops the callbacks that tie the peer connection and the call to each other, so that an ended call is
         freed at once by reference counting (its codecs' threads with it), not by a later cyclic GC pass."""
-        for emitter in _emitters(self.pc):
+        for emitter in _emitters(self.pc) if self.pc is not None else ():  # (None: parked when it ended)
             emitter.remove_all_listeners()
         self.events.detach()
 
