@@ -61,7 +61,7 @@ def test_chromium_relay_only_call_through_coturn(net: Any, start_server: Callabl
         stdout=log, stderr=subprocess.STDOUT)
     log.close()
     try:
-        server = start_server(18090, "--max-answer-s", "1", "--turn-url",
+        server = start_server(18093, "--max-answer-s", "1", "--turn-url",
                               f"turn:127.0.0.1:{TURN_PORT}?transport=udp", "--turn-secret", SECRET)
         page = new_page(DESKTOP)
         page.goto(server.url + "/")
