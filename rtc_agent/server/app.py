@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from ..config import VOICES, Settings
+from ..media.end_of_turn import installed_scorer, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
 from .metrics import Metrics
@@ -56,6 +57,9 @@ async def _start_engine(app: web.Application) -> None:
 async def _load_engine(state: ServerState) -> None:
     s = state.settings
     try:
+        # The end-of-turn model (semantic_vad): loaded here so that no call waits for it; required when it is
+        # the default turn detection (EndOfTurnUnavailable says how to install it).
+        await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)
         if state.engine is None:
             from ..engine import Engine, EngineOptions
 

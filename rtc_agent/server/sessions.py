@@ -13,6 +13,7 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from ..config import Settings
 from ..conversation import Conversation, ConversationError, EngineSession
+from ..media.end_of_turn import EndOfTurnScorer
 from ..media.inbound import PeerSilent, audio_chunks
 from ..media.outbound import OutboundAudioTrack
 from ..media.vad import CHUNK_SAMPLES, SpeechProbability
@@ -59,7 +60,7 @@ class EventChannel:
 class CallSession:
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
-                 on_closed: Callable[["CallSession"], None]) -> None:
+                 on_closed: Callable[["CallSession"], None], end_of_turn: EndOfTurnScorer | None = None) -> None:
         self.id = "sess_" + secrets.token_urlsafe(9)
         self.settings = settings
         self.pc = pc
@@ -74,7 +75,7 @@ class CallSession:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self.conversation = Conversation(engine_session, self.track, self.events.send, vad, settings.turn,
-                                         on_answer=self._answered)
+                                         on_answer=self._answered, end_of_turn=end_of_turn)
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)

@@ -13,6 +13,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from ..media.ice import rtc_configuration
 from ..media.inbound import use_low_latency_audio
 from ..media.outbound import PACKET_S
+from ..media.end_of_turn import installed_scorer
 from ..media.vad import SpeechProbability
 from .protocol import Offer, ProtocolError, parse_offer
 from .sessions import CallSession, Full
@@ -121,9 +122,10 @@ async def _start_call(state: ServerState, offer: Offer) -> CallSession:
     except ValueError as exc:
         raise ApiError(400, "invalid_value", str(exc)) from None
     vad = await asyncio.to_thread(SpeechProbability)
+    end_of_turn = await asyncio.to_thread(installed_scorer)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
-                       instructions, on_closed=state.sessions.remove)
+                       instructions, on_closed=state.sessions.remove, end_of_turn=end_of_turn)
     try:
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
