@@ -122,6 +122,7 @@ async def client_config(request: web.Request) -> web.Response:
         "voice": s.voice,
         "instructions": s.instructions,
         "turn_detection": turn_description(s.turn),
+        "model": s.model,
         "token_required": bool(s.token),
         "video": {"fps": s.video_fps, "max_side": s.video_max_side},
     })
