@@ -119,20 +119,27 @@ def installed_scorer() -> EndOfTurnScorer | None:
 
 @dataclasses.dataclass(frozen=True)
 class Eagerness:
-    """How semantic_vad ends a turn: the first verdict at `first_check_ms` of silence, again every `recheck_ms`;
-    the turn ends at the first verdict with P(complete) >= `threshold`, or after `max_wait_ms` of silence."""
+    """How semantic_vad ends a turn. The first verdict comes at `first_check_ms` of silence and ends the turn when
+    P(complete) >= `threshold`. An incomplete turn waits: the next verdicts come from `patient_ms` of silence on,
+    every `recheck_ms`, and end it at P >= LATE_THRESHOLD; after `max_wait_ms` of silence it ends anyway.
+
+    Why the wait: on the model's scale a longer silence reads as "more complete" whatever was said (a sentence
+    cut in its pause scores 0.9 and more after 500 ms of it), so only the first verdict tells a pause from an
+    end; later ones come after the pauses people make inside a sentence (0.6-1 s)."""
 
     threshold: float
     first_check_ms: int
+    patient_ms: int
     recheck_ms: int
     max_wait_ms: int
 
 
+LATE_THRESHOLD = 0.5
 EAGERNESS = {
-    "high": Eagerness(threshold=0.3, first_check_ms=128, recheck_ms=320, max_wait_ms=2000),
-    "medium": Eagerness(threshold=0.5, first_check_ms=160, recheck_ms=480, max_wait_ms=3000),
-    "auto": Eagerness(threshold=0.5, first_check_ms=160, recheck_ms=480, max_wait_ms=3000),
-    "low": Eagerness(threshold=0.7, first_check_ms=192, recheck_ms=640, max_wait_ms=4000),
+    "high": Eagerness(threshold=0.5, first_check_ms=128, patient_ms=640, recheck_ms=320, max_wait_ms=2000),
+    "medium": Eagerness(threshold=0.8, first_check_ms=160, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
+    "auto": Eagerness(threshold=0.8, first_check_ms=160, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
+    "low": Eagerness(threshold=0.9, first_check_ms=192, patient_ms=1400, recheck_ms=640, max_wait_ms=4000),
 }
 
 
@@ -178,10 +185,12 @@ class SemanticTurn:
             if self._next_check_ms != self.eagerness.first_check_ms:
                 self._new_pause()
             return
-        if silence_ms >= self._next_check_ms and not self._scoring:
-            self._next_check_ms = silence_ms + self.eagerness.recheck_ms
+        if silence_ms >= self._next_check_ms and not self._scoring and self._audio:
+            e = self.eagerness
+            self._next_check_ms = max(silence_ms + e.recheck_ms, e.patient_ms)
             self._scoring = True
-            task = asyncio.ensure_future(self._score(self._pause, np.concatenate(self._audio)))
+            threshold = e.threshold if silence_ms < e.patient_ms else min(e.threshold, LATE_THRESHOLD)
+            task = asyncio.ensure_future(self._score(self._pause, np.concatenate(self._audio), threshold))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -199,7 +208,7 @@ class SemanticTurn:
         self._next_check_ms = self.eagerness.first_check_ms
         self._scoring = False  # a verdict still on its way belongs to the old pause
 
-    async def _score(self, pause: int, audio: np.ndarray) -> None:
+    async def _score(self, pause: int, audio: np.ndarray, threshold: float) -> None:
         try:
             decision = await self.scorer.score(audio)
         finally:
@@ -209,5 +218,5 @@ class SemanticTurn:
             return
         self.probability = decision.probability
         self.decisions.append(decision)
-        if decision.probability >= self.eagerness.threshold:
+        if decision.probability >= threshold:
             self._on_complete(decision.probability)
