@@ -36,6 +36,7 @@ from .media.outbound import PACKET_S, OutboundAudioTrack, Playout
 from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 
 log = logging.getLogger(__name__)
+NO_SEMANTIC_VAD = "semantic_vad is not available on this server (the end-of-turn model is not installed)"
 
 
 class EngineSession(Protocol):
@@ -152,7 +153,7 @@ class Conversation:
         if self.turn.auto:
             self._end_turn(hangover_ms=wait_ms)
 
-    def _turn_complete(self, probability: float) -> None:  # (the probability is in the SemanticTurn's metrics)
+    def _turn_complete(self) -> None:
         """The end-of-turn model's verdict "complete", while the caller is still silent after their speech."""
         if self._in_turn and self._turn_confirmed and self._detector.active and self._detector.silence_run_ms:
             wait_ms = self._detector.silence_run_ms
@@ -241,7 +242,7 @@ class Conversation:
         """session.update; the voice and instructions apply from the next answer (ValueError on bad values)."""
         changes = {k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None}
         if turn is not None and turn.auto and turn.turn_detection == "semantic_vad" and self._scorer is None:
-            raise ValueError("semantic_vad is not available on this server (the end-of-turn model is not installed)")
+            raise ValueError(NO_SEMANTIC_VAD)
         if changes:
             self.session.update(**changes)
         if turn is not None:
@@ -258,7 +259,7 @@ class Conversation:
             self._semantic = None
         if turn.auto and turn.turn_detection == "semantic_vad":
             if self._scorer is None:
-                raise ValueError("semantic_vad needs the end-of-turn model")
+                raise ValueError(NO_SEMANTIC_VAD)
             eagerness = EAGERNESS[turn.eagerness]
             self._semantic = SemanticTurn(self._scorer, eagerness, self._turn_complete)
             self._detector.end_silence_ms = eagerness.max_wait_ms

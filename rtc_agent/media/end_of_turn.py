@@ -136,10 +136,10 @@ class Eagerness:
 
 LATE_THRESHOLD = 0.5
 EAGERNESS = {
-    "high": Eagerness(threshold=0.5, first_check_ms=128, patient_ms=640, recheck_ms=320, max_wait_ms=2000),
-    "medium": Eagerness(threshold=0.8, first_check_ms=160, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
-    "auto": Eagerness(threshold=0.8, first_check_ms=160, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
-    "low": Eagerness(threshold=0.9, first_check_ms=192, patient_ms=1400, recheck_ms=640, max_wait_ms=4000),
+    "high": Eagerness(threshold=0.7, first_check_ms=128, patient_ms=640, recheck_ms=320, max_wait_ms=2000),
+    "medium": Eagerness(threshold=0.9, first_check_ms=192, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
+    "auto": Eagerness(threshold=0.9, first_check_ms=192, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
+    "low": Eagerness(threshold=0.95, first_check_ms=256, patient_ms=1400, recheck_ms=640, max_wait_ms=4000),
 }
 
 
@@ -148,11 +148,11 @@ class SemanticTurn:
 
     The conversation hands it the turn's audio (`add`) and, per chunk, the silence run so far (`silence`). At
     each check point of a pause it scores the turn on the scorer's threads; a verdict that comes back while
-    the same pause still goes on and says "complete" calls `on_complete(probability)`. Speech resuming starts a
+    the same pause still goes on and says "complete" calls `on_complete()`. Speech resuming starts a
     new pause, and late verdicts of older pauses are ignored.
     """
 
-    def __init__(self, scorer: EndOfTurnScorer, eagerness: Eagerness, on_complete: Callable[[float], None]) -> None:
+    def __init__(self, scorer: EndOfTurnScorer, eagerness: Eagerness, on_complete: Callable[[], None]) -> None:
         self.scorer = scorer
         self.eagerness = eagerness
         self._on_complete = on_complete
@@ -219,4 +219,4 @@ class SemanticTurn:
         self.probability = decision.probability
         self.decisions.append(decision)
         if decision.probability >= threshold:
-            self._on_complete(decision.probability)
+            self._on_complete()
