@@ -143,11 +143,12 @@ async def speak(call: Call, mic: Microphone, sentence: Sentence) -> dict[str, An
     def mine() -> list[tuple[float, dict[str, Any]]]:
         return call.events[seen:]
 
-    def answered() -> bool:
+    def answered() -> bool:  # the turn after the real end was committed, and every answer begun has ended
         commits = [t for t, e in mine() if e["type"] == "input_audio_buffer.committed"]
-        created = sum(e["type"] == "response.created" for _, e in mine())
+        created = [t for t, e in mine() if e["type"] == "response.created"]
         done = sum(e["type"] == "response.done" for _, e in mine())
-        return bool(commits) and commits[-1] >= t_end and done >= created
+        return bool(commits) and commits[-1] >= t_end and bool(created) and created[-1] >= commits[-1] \
+            and done >= len(created)
 
     while not (mic.idle and answered()) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rtc_agent.client.microphone import RATE, load_audio
-from rtc_agent.config import TurnSettings
+from rtc_agent.config import TurnSettings, build_settings
 from rtc_agent.media.end_of_turn import shared_scorer
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 
@@ -80,6 +80,17 @@ def test_session_update_switches_turn_detection_and_rejects_bad_values() -> None
         with pytest.raises(ProtocolError) as err:
             update(bad)
         assert err.value.code == code, bad
+
+
+def test_turn_detection_from_flags_environment_and_file(tmp_path: Path) -> None:
+    assert (TurnSettings().turn_detection, TurnSettings().eagerness) == ("semantic_vad", "auto")
+    config = tmp_path / "agent.toml"
+    config.write_text('[turn]\nturn_detection = "semantic_vad"\neagerness = "low"\n')
+    s = build_settings({"eagerness": "high"}, env={"RTC_AGENT_TURN_DETECTION": "server_vad"}, config_file=str(config))
+    assert (s.turn.turn_detection, s.turn.eagerness) == ("server_vad", "high")
+    for bad in ({"eagerness": "eventually"}, {"turn_detection": "smart_vad"}):
+        with pytest.raises(ValueError):
+            build_settings(bad, env={})
 
 
 def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the_answer() -> None:
