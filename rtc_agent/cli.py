@@ -1,4 +1,4 @@
-"""rtc-agent serve | call | talk | bench."""
+"""rtc-agent serve | call | loadtest | talk | bench."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,8 @@ def _client_arguments(p: argparse.ArgumentParser) -> None:
                    help="STUN/TURN server (as for serve), repeatable")
     p.add_argument("--ice-host-address", dest="ice_host_addresses", action="append", default=[],
                    help="use only these addresses for host ICE candidates")
+    p.add_argument("--relay-only", action="store_true",
+                   help="use only TURN relay candidates (the server's /api/config TURN, or --ice-server turn:...)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -37,6 +39,22 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
     call.add_argument("--json", action="store_true", help="print the report as JSON")
     call.add_argument("--record", metavar="WAV", help="write the answer audio here (24 kHz mono)")
     call.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the answers after the WAV")
+
+    load = sub.add_parser("loadtest", help="many callers at once: latencies, late frames, gaps and failures")
+    _client_arguments(load)
+    load.add_argument("--callers", type=int, default=1, help="callers, each its own aiortc peer (default 1)")
+    load.add_argument("--ramp-s", type=float, default=0.0, help="start the callers evenly over this many seconds")
+    load.add_argument("--wav", help="what each caller says (utterances separated by >= 1 s pauses); "
+                      "default: an espeak-ng sentence")
+    load.add_argument("--turns", type=int, default=1, help="times each caller says the whole WAV (default 1)")
+    load.add_argument("--max-wait-s", type=float, default=30.0,
+                      help="seconds after a turn's speech for its answer to end; later is a failure (default 30)")
+    load.add_argument("--retry-s", type=float, default=0.0,
+                      help="wait up to this long for /readyz, then retry a 503 (server_full, not_ready) this long, "
+                      "after its Retry-After (default 0: no waiting, a 503 is a failure)")
+    load.add_argument("--gap-ms", type=float, default=120.0,
+                      help="answer packets further apart than this count as a gap (default 120)")
+    load.add_argument("--json", action="store_true", help="print one JSON object: settings, overall, callers")
 
     talk = sub.add_parser("talk", help="a live call with this machine's microphone and speaker")
     _client_arguments(talk)
@@ -60,6 +78,27 @@ def _logging(level: str) -> None:
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _loadtest(args: argparse.Namespace) -> int:
+    """Exit status 0 when every caller got every answer, 1 when any failed, 2 for bad arguments."""
+    _logging("DEBUG" if args.verbose else "ERROR")  # a full server's refusals are in the report, not the log
+    from .client.loadtest import LoadSettings, print_loadtest, run_loadtest
+
+    try:
+        settings = LoadSettings(callers=args.callers, ramp_s=args.ramp_s, turns=args.turns,
+                                max_wait_s=args.max_wait_s, retry_s=args.retry_s, gap_s=args.gap_ms / 1000)
+        report = asyncio.run(run_loadtest(
+            args.url, args.wav, settings, token=args.token, voice=args.voice, instructions=args.instructions,
+            verify_tls=not args.insecure, ice_servers=tuple(args.ice_servers),
+            ice_host_addresses=tuple(args.ice_host_addresses)))
+    except (OSError, ValueError) as exc:
+        print(f"rtc-agent loadtest: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print_loadtest(report, args.json)
+    return 1 if report["overall"]["failed"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser(with_bench=argv[:1] == ["bench"]).parse_args(argv)
@@ -73,11 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         from .server.app import serve
 
         return asyncio.run(serve(settings))
+    if args.command == "loadtest":
+        return _loadtest(args)
     if args.command in ("call", "talk"):
         _logging("DEBUG" if args.verbose else "WARNING")
         common = dict(token=args.token, voice=args.voice, instructions=args.instructions,
                       verify_tls=not args.insecure, ice_servers=tuple(args.ice_servers),
-                      ice_host_addresses=tuple(args.ice_host_addresses))
+                      ice_host_addresses=tuple(args.ice_host_addresses), relay_only=args.relay_only)
         from .client.peer import CallError
 
         try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+WEB_DIR = Path(__file__).resolve().parent / "web"
 VOICES = ("chelsie", "ethan", "aiden")
 VISION_BLOCK = 32  # the vision encoder's patch (16 px) times its spatial merge (2): one Thinker token per block
 MAX_VIDEO_SIDE = 1280
@@ -40,9 +40,14 @@ class Settings:
     key: str | None = None  # TLS private key (PEM)
     self_signed: bool = False  # make a self-signed certificate (phones on a LAN need HTTPS)
     token: str | None = None  # when set, /api/* needs "Authorization: Bearer <token>"
-    max_sessions: int = 4
+    max_sessions: int = 0  # concurrent calls = engine session slots; 0: as many as fit in GPU memory (4 on a CPU)
     ice_servers: tuple[str, ...] = ()  # stun:host:port, turn:user:pass@host:port?transport=udp
     ice_host_addresses: tuple[str, ...] = ()  # host candidate addresses; empty: all but loopback (aioice)
+    turn_urls: tuple[str, ...] = ()  # turn:host:port?transport=udp; callers get time-limited credentials for them
+    turn_secret: str | None = None  # coturn's static-auth-secret (TURN REST scheme); never leaves the server
+    turn_ttl_s: int = 3600  # how long the TURN credentials handed to a caller stay valid
+    resume_window_s: float = 30.0  # a call whose connection died waits this long for its caller to resume it
+    drain_timeout_s: float = 300.0  # on SIGTERM: no new calls, wait this long at most for calls to end
     model: str = "tiny"
     device: str = "auto"
     voice: str = "ethan"
@@ -131,13 +136,24 @@ def validate(s: Settings) -> None:
         raise ValueError("--cert and --key go together")
     if not 0.08 <= s.max_answer_s <= 600:
         raise ValueError("max_answer_s must be between 0.08 and 600")
-    if s.max_sessions < 1:
-        raise ValueError("max_sessions must be at least 1")
+    if s.max_sessions < 0:
+        raise ValueError("max_sessions must be at least 1, or 0 for as many as fit")
     if not 0.1 <= s.video_fps <= MAX_VIDEO_FPS:
         raise ValueError(f"video_fps must be between 0.1 and {MAX_VIDEO_FPS:g}")
     if not (VISION_BLOCK <= s.video_max_side <= MAX_VIDEO_SIDE and s.video_max_side % VISION_BLOCK == 0):
         raise ValueError(f"video_max_side must be a multiple of {VISION_BLOCK} between {VISION_BLOCK} and "
                          f"{MAX_VIDEO_SIDE} (the vision encoder works in {VISION_BLOCK} px blocks)")
+    if bool(s.turn_urls) != bool(s.turn_secret):
+        raise ValueError("--turn-url and --turn-secret go together")
+    for url in s.turn_urls:
+        if not url.startswith(("turn:", "turns:")) or "@" in url:
+            raise ValueError(f"--turn-url takes turn:host:port[?transport=udp|tcp] (no credentials), got {url!r}")
+    if not 60 <= s.turn_ttl_s <= 86400:
+        raise ValueError("turn_ttl_s must be between 60 and 86400 seconds")
+    if not 0 <= s.resume_window_s <= 600:
+        raise ValueError("resume_window_s must be between 0 (no resuming) and 600 seconds")
+    if not 0 <= s.drain_timeout_s <= 3600:
+        raise ValueError("drain_timeout_s must be between 0 and 3600 seconds")
     if not 0 <= s.video_window_s <= 600:
         raise ValueError("video_window_s must be between 0 (video ignored) and 600 seconds")
     t = s.turn
@@ -164,11 +180,21 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--self-signed", action="store_true", default=None,
                    help="serve HTTPS with a generated self-signed certificate (phones on a LAN)")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/* (the page takes ?token=)")
-    p.add_argument("--max-sessions", type=int, help=f"concurrent calls (default {d.max_sessions}); more get 503")
+    p.add_argument("--max-sessions", type=int, help="concurrent calls, each a session slot made at start-up (default: "
+                   "as many as fit in GPU memory after the weights, at most 16; 4 on a CPU); more get 503")
     p.add_argument("--ice-server", dest="ice_servers", action="append",
                    help="STUN/TURN server, repeatable: stun:host:port or turn:user:pass@host:port?transport=udp")
     p.add_argument("--ice-host-address", dest="ice_host_addresses", action="append",
                    help="use only these addresses for host ICE candidates (e.g. 127.0.0.1 for loopback tests)")
+    p.add_argument("--turn-url", dest="turn_urls", action="append",
+                   help="TURN server handed to callers with credentials that expire, repeatable: "
+                        "turn:host:3478?transport=udp (needs --turn-secret)")
+    p.add_argument("--turn-secret", help="the TURN server's static-auth-secret (coturn use-auth-secret)")
+    p.add_argument("--turn-ttl-s", type=int, help=f"lifetime of a caller's TURN credentials (default {d.turn_ttl_s})")
+    p.add_argument("--resume-window-s", type=float,
+                   help=f"seconds a call whose connection died waits to be resumed (default {d.resume_window_s:g})")
+    p.add_argument("--drain-timeout-s", type=float,
+                   help=f"on SIGTERM, seconds to let calls finish before stopping (default {d.drain_timeout_s:g})")
     p.add_argument("--model", help=f"engine model (default {d.model}: the built-in tiny model)")
     p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {d.device})")
     p.add_argument("--voice", choices=VOICES, help=f"default voice (default {d.voice})")
@@ -191,7 +217,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"scale video frames to fit in this many pixels, a multiple of 32 (default {d.video_max_side})")
     p.add_argument("--video-window-s", type=int,
                    help=f"seconds of caller video kept in the model's context (default {d.video_window_s}; 0: none)")
-    p.add_argument("--web-dir", help="folder served at / (default: the project's web/)")
+    p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 
 

@@ -30,9 +30,10 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import numpy as np
 
 from .config import TurnSettings
+from .engine import FLUSH_AFTER_SILENCE_MS
 from .engine.events import ResponseDone, SpeechFrame, TextDelta
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
-from .media.outbound import PACKET_S, OutboundAudioTrack, Playout
+from .media.outbound import PACKET_S, AnswerOutput, Playout
 from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ class EngineSession(Protocol):
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None) -> None: ...
     async def push_image(self, image: np.ndarray, at: float) -> None: ...
+    async def push_text(self, text: str) -> None: ...
     async def abort_turn(self) -> None: ...
+    async def flush(self) -> None: ...
     def respond(self) -> AsyncIterator[TextDelta | SpeechFrame | ResponseDone]: ...
     async def cancel(self, frames_played: int) -> None: ...
     def update(self, **changes: Any) -> None: ...
@@ -85,7 +88,7 @@ class Conversation:
     def __init__(
         self,
         session: EngineSession,
-        track: OutboundAudioTrack,
+        track: AnswerOutput,
         send: Callable[[dict[str, Any]], None],
         vad: Callable[[np.ndarray], float],
         turn: TurnSettings,
@@ -108,6 +111,7 @@ class Conversation:
         self._in_turn = False
         self._turn_confirmed = False
         self._speech_start_ms = 0
+        self._input_waiting = False  # committed speech or typed text that no answer has taken yet
         self._clock_ms = 0  # the media clock: audio time since the call started
         self._image_at_ms = -1  # the latest video frame's time
         self._image_refused = False  # the engine refused a video frame (said once per call)
@@ -135,6 +139,8 @@ class Conversation:
         elif self._in_turn and (self._detector.active or signal in (Signal.ENDED, Signal.FALSE_START)):
             self._push([*self._unpushed, chunk])  # (the pre-roll when push-to-talk speech resumes)
             self._unpushed.clear()
+            if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == FLUSH_AFTER_SILENCE_MS // CHUNK_MS:
+                self._ops.put_nowait(("flush", None))  # the engine prefills now: the turn may be ending
         else:
             self._unpushed.append(chunk)
         if signal is Signal.CONFIRMED:
@@ -206,37 +212,96 @@ class Conversation:
         self._image_at_ms = self._clock_ms
         self._ops.put_nowait(("image", (image, self._clock_ms / 1000)))
 
-    def _end_turn(self, hangover_ms: int | None = None) -> None:
-        """The turn is over: after `hangover_ms` of silence (automatic turns) or now (None: a commit)."""
-        now = time.monotonic()
+    def _end_turn(self, hangover_ms: int | None = None, respond: bool = True) -> None:
+        """The caller's speech is committed: after `hangover_ms` of silence (automatic turns) or now (None: a
+        commit); with `respond`, the answer starts."""
         self._in_turn = self._turn_confirmed = False
-        wait_s = (hangover_ms or 0) / 1000
-        answer = Answer(id=f"resp_{next(self._ids)}", turn_end_at=now, speech_end_at=now - wait_s,
-                        end_of_turn=self._end_of_turn_metrics(hangover_ms))
+        end_of_turn = self._end_of_turn_metrics(hangover_ms)
+        if not respond:
+            self._input_waiting = True
+            self._emit("input_audio_buffer.committed")
+            return
+        self._start_answer(hangover_ms or 0, committed=True, end_of_turn=end_of_turn)
+
+    def _start_answer(self, hangover_ms: int = 0, committed: bool = False,
+                      end_of_turn: dict[str, Any] | None = None) -> None:
+        now = time.monotonic()
+        self._input_waiting = False
+        answer = Answer(id=f"resp_{next(self._ids)}", turn_end_at=now, speech_end_at=now - hangover_ms / 1000,
+                        end_of_turn=end_of_turn or {"type": "commit", "wait_ms": None})
         self._answer = answer
         self._detector.min_speech_ms = self.turn.barge_in_ms
         self._set_state(State.THINKING)
-        self._emit("input_audio_buffer.committed")
+        if committed:
+            self._emit("input_audio_buffer.committed")
         self._emit("response.created", response={"id": answer.id, "status": "in_progress"})
         self._ops.put_nowait(("respond", answer))
 
     # ---- client requests ----------------------------------------------------------------------------------
-    def commit(self) -> None:
-        """input_audio_buffer.commit: the caller's turn is over now (push-to-talk)."""
-        if self._answer is not None and self.state != State.INTERRUPTED:
-            raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
+    def commit(self, respond: bool = True) -> None:
+        """input_audio_buffer.commit: the caller's turn is over now (push-to-talk). Without `respond` the speech
+        waits for `create_response` (the Realtime API's commit)."""
+        if respond:
+            self._check_no_answer()
         if not self._in_turn:
             raise ConversationError("input_audio_buffer_commit_empty", "no speech since the last turn")
         if self._detector.active and self._turn_confirmed:
             self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms)
         self._detector.reset()
-        self._end_turn()
+        self._end_turn(respond=respond)
+
+    def clear_input(self) -> None:
+        """input_audio_buffer.clear: the speech of the turn in progress (not yet committed) is dropped. Speech
+        committed without an answer yet shares the engine's turn with it and is dropped too."""
+        if self._in_turn:
+            self._in_turn = self._turn_confirmed = False
+            self._detector.reset()
+            self._ops.put_nowait(("abort", None))
+        self._unpushed.clear()
+        self._emit("input_audio_buffer.cleared")
+
+    def add_text(self, text: str) -> None:
+        """A typed message from the caller: it joins the caller's turn; `create_response` answers it."""
+        self._input_waiting = True
+        self._ops.put_nowait(("text", text))
+
+    def create_response(self) -> None:
+        """response.create: answer now, taking the speech in progress (committed now) and what was committed or
+        typed since the last answer."""
+        self._check_no_answer()
+        if self._in_turn:
+            self.commit()
+        elif self._input_waiting:
+            self._start_answer()
+        else:
+            raise ConversationError("response_create_empty", "nothing new from the caller to answer")
 
     def cancel_response(self) -> None:
         """response.cancel."""
         if self._answer is None or self.state == State.INTERRUPTED:
             raise ConversationError("response_cancel_not_active", "there is no answer to cancel")
         self._interrupt()
+
+    @property
+    def answering(self) -> bool:
+        """An answer is being thought or spoken (and not already cut)."""
+        return self._answer is not None and self.state != State.INTERRUPTED
+
+    def use_track(self, track: OutboundAudioTrack) -> None:
+        """Answers go out on `track` from now on (a resumed call's new peer connection)."""
+        self.track = track
+
+    def truncate_answer(self, frames_heard: int) -> None:
+        """conversation.item.truncate: the caller heard only the first `frames_heard` frames of the latest answer.
+        An answer still in progress is cut there; a finished one keeps only that much text in the history."""
+        if self._answer is not None and self.state != State.INTERRUPTED:
+            self._interrupt(frames_heard)
+        else:
+            self._ops.put_nowait(("trim", frames_heard))
+
+    def _check_no_answer(self) -> None:
+        if self._answer is not None and self.state != State.INTERRUPTED:
+            raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
 
     def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None) -> None:
         """session.update; the voice and instructions apply from the next answer (ValueError on bad values)."""
@@ -277,7 +342,7 @@ class Conversation:
         return out
 
     # ---- answers ------------------------------------------------------------------------------------------
-    def _interrupt(self) -> None:
+    def _interrupt(self, frames_heard: int | None = None) -> None:
         answer = self._answer
         if answer is None:
             return
@@ -286,7 +351,8 @@ class Conversation:
         self._detector.min_speech_ms = self.turn.min_speech_ms
         if answer.playout is not None:  # the engine is answering (or done): cut it where the caller stopped hearing
             self.track.interrupt()
-            self._spawn(self.session.cancel(answer.playout.frames_sent))
+            sent = answer.playout.frames_sent
+            self._spawn(self.session.cancel(sent if frames_heard is None else min(sent, frames_heard)))
 
     async def _answer_one(self, answer: Answer) -> None:
         playout = answer.playout = self.track.start_playout()
@@ -371,6 +437,12 @@ class Conversation:
                     await self.session.push_audio(samples, at=run[0].at_ms / 1000)
                 elif kind == "image":
                     await self._push_image(*arg)
+                elif kind == "text":
+                    await self.session.push_text(arg)
+                elif kind == "trim":
+                    await self.session.cancel(arg)
+                elif kind == "flush":
+                    await self.session.flush()
                 elif kind == "abort":
                     await self.session.abort_turn()
                 elif kind == "respond":

@@ -4,9 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(espeak-ng sox chromium)
+# coturn, haproxy, iproute2 and nftables: the TURN, replica and network-fault tests (tests/netns_support.py)
+apt_packages=(espeak-ng sox chromium coturn haproxy iproute2 nftables)
 missing=()
 for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)  # the Realtime agents SDK's browser test
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         echo "setup: installing system packages: ${missing[*]}"
@@ -25,4 +27,10 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # The Smart Turn v3.2 end-of-turn model (semantic_vad) is a file inside the pipecat-ai wheel; only the file is used,
 # loaded by path with onnxruntime, so the wheel comes without its ~25 dependencies (README: Turn-taking).
 .venv/bin/python -m pip show -q pipecat-ai >/dev/null 2>&1 || "${pip[@]}" --no-deps "pipecat-ai==1.14.0"
+# The official Realtime agents SDK (npm), for tests/browser/test_realtime_sdk.py: installed as a user would,
+# from the committed package-lock.json.
+sdk=tests/browser/realtime_sdk
+if command -v npm >/dev/null 2>&1 && ! [ "$sdk/node_modules/.package-lock.json" -nt "$sdk/package-lock.json" ]; then
+    (cd "$sdk" && npm ci --no-audit --no-fund --loglevel=error)
+fi
 echo "setup: done (.venv/bin/rtc-agent)"

@@ -1,6 +1,9 @@
 """Shared pieces of the engine tests: the engine under test, caller audio, and running one turn."""
 from __future__ import annotations
 
+import contextlib
+from typing import Any, Iterator
+
 import numpy as np
 
 from rtc_agent.engine import Engine, EngineOptions, ResponseDone, SessionOptions, SpeechFrame, TextDelta
@@ -50,3 +53,21 @@ async def one_turn(session, audio: np.ndarray, piece: int = 320, cancel_after: i
 
 def greedy(**kwargs) -> SessionOptions:
     return SessionOptions(greedy=True, seed=0, **kwargs)
+
+
+@contextlib.contextmanager
+def recording_stock_codes(model: Any) -> Iterator[dict[str, Any]]:
+    """While open, what stock `generate` hands Code2Wav lands in the yielded dict under "codes" (the decode
+    itself stays stock's)."""
+    recorded: dict[str, Any] = {}
+    original = model.code2wav.chunked_decode
+
+    def recording_decode(codes, *args, **kwargs):
+        recorded["codes"] = codes.clone()
+        return original(codes, *args, **kwargs)
+
+    model.code2wav.chunked_decode = recording_decode
+    try:
+        yield recorded
+    finally:
+        del model.code2wav.chunked_decode

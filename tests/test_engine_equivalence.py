@@ -8,7 +8,7 @@ import torch
 from rtc_agent.engine import audio_input
 from rtc_agent.engine.code2wav import StreamingCode2Wav
 
-from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
+from engine_helpers import caller_audio, engine_for, greedy, one_turn, recording_stock_codes, run
 
 TOKENS, FRAMES = 10, 24  # the talker runs on after the text ends (tts_eos, then tts_pad)
 
@@ -33,22 +33,12 @@ def stock_generate(engine, instructions: str, turns: list[tuple[np.ndarray, list
     for row, f in enumerate(features):
         padded[row, :, :f.shape[1]] = f
         mask[row, :f.shape[1]] = 1
-    recorded = {}
-    original = model.code2wav.chunked_decode
-
-    def recording_decode(codes, *args, **kwargs):  # observe the codes stock decodes; the decode itself is stock's
-        recorded["codes"] = codes.clone()
-        return original(codes, *args, **kwargs)
-
-    model.code2wav.chunked_decode = recording_decode
-    try:
+    with recording_stock_codes(model) as recorded:
         input_ids = torch.tensor([prompt])
         sequences, wav = model.generate(
             input_ids=input_ids, input_features=padded, feature_attention_mask=mask, speaker=voice, return_audio=True,
             thinker_max_new_tokens=TOKENS, thinker_do_sample=False, talker_do_sample=False,
             talker_max_new_tokens=FRAMES + 1)
-    finally:
-        del model.code2wav.chunked_decode
     return sequences[0, input_ids.shape[1]:].tolist(), recorded["codes"][0], wav.reshape(-1)
 
 

@@ -151,7 +151,8 @@ def test_readyz_waits_for_the_model_and_offers_wait_too() -> None:
 
 @needs_espeak
 def test_a_vanished_peer_is_cleaned_up_within_10_s(tmp_path) -> None:
-    """A caller process killed mid-call (no hang-up, no DTLS close): its session goes within 10 s."""
+    """A caller process killed mid-call (no hang-up, no DTLS close): its session goes within 10 s (with resuming
+    off; test_network_faults.py covers a lost call waiting for its caller to resume it)."""
     wav = tmp_path / "long.wav"
     samples = np.tile(np.concatenate([speech(rate=24000), np.zeros(24000, np.float32)]), 4)
     with wave.open(str(wav), "wb") as w:
@@ -159,7 +160,7 @@ def test_a_vanished_peer_is_cleaned_up_within_10_s(tmp_path) -> None:
         w.writeframes((samples * 32767).astype(np.int16).tobytes())
 
     async def main() -> None:
-        async with server(peer_timeout_s=3.0) as (url, app):
+        async with server(peer_timeout_s=3.0, resume_window_s=0.0) as (url, app):
             await wait_ready(url)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "rtc_agent.cli", "call", url, "--wav", str(wav),
@@ -200,7 +201,7 @@ def test_https_with_a_self_signed_certificate_and_the_page(tmp_path, monkeypatch
                 async with http.get(f"{url}/healthz", ssl=client) as r:  # the certificate names 127.0.0.1
                     assert r.status == 200
                 async with http.get(f"{url}/", ssl=client) as r:
-                    assert r.status in (200, 404)  # 404 names the missing web/index.html
+                    assert r.status in (200, 404)  # 404 names the missing rtc_agent/web/index.html
                     assert "html" in (await r.text()).lower()
 
     run(main())

@@ -15,27 +15,28 @@ import numpy as np
 from ..media.ice import use_host_addresses
 from .camera import SyntheticCamera
 from .microphone import RATE, Microphone, load_audio, speech_spans
-from .peer import RECORD_RATE, Call
+from .peer import RECORD_RATE, Call, CallError, ReceivedAudio, server_ice_servers
 
 log = logging.getLogger(__name__)
 CONNECT_WARMUP_S = 0.5  # silence before the WAV starts, so the first words are not lost to connection setup
+TAIL_S = 0.3  # after the last answer: its last packets are still on the wire
+ANSWER_PACKET = 3840  # samples (48 kHz) an answer packet decodes to: one 80 ms frame; silence packets are 960
+RETRYABLE = ("server_full", "not_ready", "draining")  # 503s that say when to come back (Retry-After)
+RETRY_S = 1.0  # when a 503 has no Retry-After
+GAP_S = 0.12  # answer packets (one per 80 ms) further apart than this on arrival: the caller hears the audio stop
 
 
 async def run_call(url: str, wav: str, *, video: bool = False, record: str | None = None, token: str | None = None,
                    voice: str | None = None, instructions: str | None = None, answer_timeout_s: float = 60.0,
                    verify_tls: bool = True, ice_servers: tuple[str, ...] = (),
-                   ice_host_addresses: tuple[str, ...] = ()) -> dict[str, Any]:
+                   ice_host_addresses: tuple[str, ...] = (), relay_only: bool = False) -> dict[str, Any]:
     use_host_addresses(ice_host_addresses)
-    samples = load_audio(wav, RATE)
-    spans = speech_spans(samples)
-    if not spans:
-        raise ValueError(f"{wav}: no speech found")
-    mic = Microphone()
-    call = Call(url, token=token, voice=voice, instructions=instructions, ice_servers=ice_servers,
-                verify_tls=verify_tls)
+    samples, spans = load_speech(wav)
+    servers = ice_servers or await server_ice_servers(url, token, verify_tls)
     started = time.monotonic()
+    call, mic, _ = await dial(url, video=video, token=token, voice=voice, instructions=instructions,
+                              ice_servers=servers, relay_only=relay_only, verify_tls=verify_tls)
     try:
-        await call.connect(mic, SyntheticCamera() if video else None)
         connected_ms = (time.monotonic() - started) * 1000
         mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))
         offset = mic.play(samples)
@@ -53,18 +54,54 @@ async def run_call(url: str, wav: str, *, video: bool = False, record: str | Non
         await call.hang_up()
 
 
+async def dial(url: str, *, video: bool = False, retry_s: float = 0.0, **call_kwargs: Any
+               ) -> tuple[Call, Microphone, int]:
+    """A connected call, its microphone, and how many offers it took. A 503 `server_full`/`not_ready` is tried
+    again after its Retry-After while `retry_s` lasts (each try a fresh peer connection); other refusals,
+    and the last one, raise CallError."""
+    give_up_at = time.monotonic() + retry_s
+    attempts = 0
+    while True:
+        call, mic = Call(url, **call_kwargs), Microphone()
+        attempts += 1
+        try:
+            await call.connect(mic, SyntheticCamera() if video else None)
+            return call, mic, attempts
+        except CallError as exc:
+            await call.close()
+            wait_s = exc.retry_after_s if exc.retry_after_s is not None else RETRY_S
+            if exc.code not in RETRYABLE or time.monotonic() + wait_s > give_up_at:
+                if attempts == 1:
+                    raise
+                raise CallError(exc.status, exc.code, f"{exc.message} ({attempts} tries)", exc.retry_after_s) from exc
+            await asyncio.sleep(wait_s)
+        except BaseException:
+            await call.close()
+            raise
+
+
+def load_speech(wav: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The WAV as the microphone plays it (mono, 48 kHz) and its utterances' (start, end) sample indices."""
+    samples = load_audio(wav, RATE)
+    spans = speech_spans(samples)
+    if not spans:
+        raise ValueError(f"{wav}: no speech found")
+    return samples, spans
+
+
+def connection_gone(call: Call) -> bool:
+    return call.pc.connectionState in ("closed", "failed")
+
+
 async def _wait_for_answers(call: Call, mic: Microphone, turns: int, timeout_s: float) -> None:
     """Until the WAV has played and an answer ended for each utterance (or `timeout_s` after the WAV, or the
     connection is gone)."""
-    def gone() -> bool:
-        return call.pc.connectionState in ("closed", "failed")
-
-    while not mic.idle and not gone():
+    while not mic.idle and not connection_gone(call):
         await asyncio.sleep(0.1)
     deadline = time.monotonic() + timeout_s
-    while len(call.events_of("response.done")) < turns and time.monotonic() < deadline and not gone():
+    while len(call.events_of("response.done")) < turns and time.monotonic() < deadline and not connection_gone(call):
         await asyncio.sleep(0.1)
-    await asyncio.sleep(0.3)  # the last packets are still on the wire
+    await asyncio.sleep(TAIL_S)
 
 
 def _report(call: Call, mic: Microphone, offset: int, spans: list[tuple[int, int]], connected_ms: float
@@ -72,19 +109,39 @@ def _report(call: Call, mic: Microphone, offset: int, spans: list[tuple[int, int
     dones = [m["response"] for m in call.events_of("response.done")]
     turns = []
     for i, (start, end) in enumerate(spans):
-        t_end = mic.time_at(offset + end)
         t_next = mic.time_at(offset + spans[i + 1][0]) if i + 1 < len(spans) else float("inf")
-        heard = call.audio.first_sound_after(t_end, until=t_next)
-        server = dones[i] if i < len(dones) else None
-        turns.append({
-            "speech_end_s": round(end / RATE, 3),
-            "client_latency_ms": None if heard is None else round((heard - t_end) * 1000, 1),
-            "server": server["metrics"] if server else None,
-            "status": server["status"] if server else "no answer",
-            "transcript": server.get("transcript", "") if server else "",
-        })
+        turns.append({"speech_end_s": round(end / RATE, 3),
+                      **turn_report(call, mic.time_at(offset + end), t_next, dones[i] if i < len(dones) else None)})
     return {"url": call.url, "session_id": call.session_id, "connected_ms": round(connected_ms, 1), "turns": turns,
             "events": [m["type"] for _, m in call.events]}
+
+
+def turn_report(call: Call, end_at: float, next_at: float, done: dict[str, Any] | None, gap_s: float = GAP_S
+                ) -> dict[str, Any]:
+    """One turn as the caller lived it: speech ended at `end_at`, the caller spoke again at `next_at` (both
+    time.monotonic()); `done` is the turn's response.done (None: no answer came)."""
+    heard = call.audio.first_sound_after(end_at, until=next_at)
+    return {
+        "client_latency_ms": None if heard is None else round((heard - end_at) * 1000, 1),
+        "server": done["metrics"] if done else None,
+        "status": done["status"] if done else "no answer",
+        "transcript": done.get("transcript", "") if done else "",
+        **answer_gaps(call.audio, end_at, next_at, gap_s),
+    }
+
+
+def answer_gaps(audio: ReceivedAudio, since: float, until: float, gap_s: float = GAP_S) -> dict[str, Any]:
+    """How steadily the answer audio that arrived in [since, until) came: answer packets (80 ms, RTP step 3840)
+    should arrive every 80 ms; a gap is two consecutive ones more than `gap_s` apart (a stall the caller hears);
+    interval_ms_p90 is the P90 of their arrival intervals.
+    A frame the server had not made in time still goes out on time as 80 ms of zeros: the server counts those
+    (`frames_late` in response.done), not this."""
+    arrivals = [at for at, size in zip(audio.times, audio.decoded) if since <= at < until and size == ANSWER_PACKET]
+    intervals = np.diff(arrivals) if len(arrivals) > 1 else np.zeros(0)
+    ms = intervals * 1000
+    return {"answer_packets": len(arrivals), "gaps": int(np.sum(intervals > gap_s)),
+            "interval_ms_p90": round(float(np.percentile(ms, 90)), 1) if len(ms) else None,
+            "max_gap_ms": round(float(ms.max()), 1) if len(ms) else None}
 
 
 def _answer_packets(call: Call, min_run: int = 5) -> dict[str, Any]:
@@ -92,8 +149,8 @@ def _answer_packets(call: Call, min_run: int = 5) -> dict[str, Any]:
     runs: list[list[float]] = []
     previous = 0
     for at, size in zip(call.audio.times, call.audio.decoded):
-        if size == 3840:
-            if previous != 3840:
+        if size == ANSWER_PACKET:
+            if previous != ANSWER_PACKET:
                 runs.append([])
             runs[-1].append(at)
         previous = size
@@ -120,7 +177,7 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         s = t["server"] or {}
         print(f"turn {i}: {t['status']}; heard after {t['client_latency_ms']} ms "
               f"(server first packet {s.get('ttfp_ms')} ms after turn end, {s.get('frames_sent')} frames, "
-              f"{s.get('audio_s')} s)")
+              f"{s.get('audio_s')} s; {t['gaps']} gaps in the audio, longest {t['max_gap_ms']} ms)")
         if t["transcript"]:
             print(f"  agent: {t['transcript']}")
     p = report["packets"]

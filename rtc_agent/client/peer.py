@@ -11,21 +11,21 @@ from typing import Any, Callable, Iterable
 import aiohttp
 import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from ..media.ice import rtc_configuration
+from ..media.ice import ice_servers_from_config, rtc_configuration
 from ..media.inbound import Downmixer, use_low_latency_audio
 
 RECORD_RATE = 24_000
 
 
 class CallError(Exception):
-    """The server refused the call (the contract's JSON error)."""
+    """The server refused the call (the contract's JSON error; 503s say when to try again in Retry-After)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.retry_after_s = status, code, message, retry_after_s
 
 
 @dataclass
@@ -48,26 +48,52 @@ class ReceivedAudio:
         return None
 
 
+async def server_ice_servers(url: str, token: str | None = None, verify_tls: bool = True) -> list[RTCIceServer]:
+    """The ICE servers the server hands its callers in /api/config (TURN with fresh, expiring credentials)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url.rstrip('/')}/api/config", headers=headers, ssl=None if verify_tls else False) as r:
+            if r.status != 200:
+                raise CallError(r.status, "config_unavailable", await r.text())
+            return ice_servers_from_config((await r.json())["ice_servers"])
+
+
+def _seconds(header: str | None) -> float | None:
+    """A Retry-After header in its delta-seconds form (the server sends no dates)."""
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
+        return None
+
+
 class Call:
-    """An aiortc peer that calls `url`. Events land in `events` (with arrival times) and in `queue`."""
+    """An aiortc peer that calls `url`. Events land in `events` (with arrival times) and in `queue`.
+
+    `resume()` replaces a dead connection with a new one for the same call (aiortc has no ICE restart)."""
 
     def __init__(self, url: str, *, token: str | None = None, voice: str | None = None,
-                 instructions: str | None = None, ice_servers: Iterable[str] = (), verify_tls: bool = True,
+                 instructions: str | None = None, ice_servers: Iterable[str | RTCIceServer] = (),
+                 relay_only: bool = False, verify_tls: bool = True,
                  on_audio: Callable[[np.ndarray], None] | None = None) -> None:
         self.url = url.rstrip("/")
         self.token, self.voice, self.instructions = token, voice, instructions
-        self.pc = RTCPeerConnection(rtc_configuration(ice_servers))
-        self.channel = self.pc.createDataChannel("events")
-        self.channel.on("message", self._on_message)
-        self.opened = asyncio.Event()
-        self.channel.on("open", self.opened.set)
+        self._configuration = rtc_configuration(ice_servers, relay_only)
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.audio = ReceivedAudio()
         self.session_id: str | None = None
+        self.resume_token: str | None = None  # from session.created
         self.on_audio = on_audio  # gets each decoded frame (mono float32, RECORD_RATE) as it arrives
         self._ssl: ssl.SSLContext | bool = True if verify_tls else False
         self._reader: asyncio.Task[None] | None = None
+        self._new_peer()
+
+    def _new_peer(self) -> None:
+        self.pc = RTCPeerConnection(self._configuration)
+        self.channel = self.pc.createDataChannel("events")
+        self.channel.on("message", self._on_message)
+        self.opened = asyncio.Event()
+        self.channel.on("open", self.opened.set)
         self.pc.on("track", self._on_track)
 
     def _headers(self) -> dict[str, str]:
@@ -75,28 +101,54 @@ class Call:
 
     async def connect(self, microphone: MediaStreamTrack, camera: MediaStreamTrack | None = None,
                       timeout_s: float = 20.0) -> None:
+        body: dict[str, Any] = {}
+        if self.voice:
+            body["voice"] = self.voice
+        if self.instructions is not None:
+            body["instructions"] = self.instructions
+        await self._offer(body, microphone, camera, timeout_s)
+
+    async def resume(self, microphone: MediaStreamTrack, camera: MediaStreamTrack | None = None,
+                     timeout_s: float = 20.0) -> None:
+        """Drops this peer connection and connects a new one to the same call with the resume token."""
+        if not self.resume_token:
+            raise ValueError("no resume token yet: session.created has not arrived")
+        for sender in self.pc.getSenders():  # aiortc stops a sender's track on close: keep ours for the new one
+            sender.replaceTrack(None)
+        await self.close()
+        self._new_peer()
+        await self._offer({"resume_token": self.resume_token}, microphone, camera, timeout_s)
+
+    async def _offer(self, body: dict[str, Any], microphone: MediaStreamTrack, camera: MediaStreamTrack | None,
+                     timeout_s: float) -> None:
         self.pc.addTrack(microphone)
         if camera is not None:
             self.pc.addTrack(camera)
         use_low_latency_audio(self.pc)
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        body: dict[str, Any] = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
-        if self.voice:
-            body["voice"] = self.voice
-        if self.instructions is not None:
-            body["instructions"] = self.instructions
+        body = {"sdp": self.pc.localDescription.sdp, "type": "offer", **body}
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{self.url}/api/offer", json=body, headers=self._headers(), ssl=self._ssl) as r:
                 data = await r.json(content_type=None)
                 if r.status != 200:
                     err = data.get("error", {}) if isinstance(data, dict) else {}
-                    raise CallError(r.status, err.get("code", "error"), err.get("message", str(data)))
+                    raise CallError(r.status, err.get("code", "error"), err.get("message", str(data)),
+                                    _seconds(r.headers.get("Retry-After")))
         self.session_id = data["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=data["sdp"], type=data["type"]))
         await asyncio.wait_for(self.opened.wait(), timeout_s)
 
+    def selected_candidate_types(self) -> tuple[str, str]:
+        """(local, remote) candidate types of the pair ICE selected, e.g. ("relay", "host"). aiortc's getStats
+        has no candidate-pair entry, so this reads aioice's nominated pair (the one bundled transport)."""
+        connection = self.pc.sctp.transport.transport.iceGatherer._connection
+        pair = connection._nominated[1]
+        return pair.local_candidate.type, pair.remote_candidate.type
+
     def _on_message(self, text: str) -> None:
         msg = json.loads(text)
+        if msg.get("type") == "session.created":
+            self.resume_token = msg["session"].get("resume", {}).get("token")
         self.events.append((time.monotonic(), msg))
         self.queue.put_nowait(msg)
 

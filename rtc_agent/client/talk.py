@@ -11,7 +11,7 @@ import numpy as np
 from ..media.ice import use_host_addresses
 from .microphone import RATE as MIC_RATE
 from .microphone import Microphone
-from .peer import RECORD_RATE, Call
+from .peer import RECORD_RATE, Call, server_ice_servers
 
 
 def _sounddevice() -> Any:
@@ -56,13 +56,14 @@ class Speaker:
 
 async def run_talk(url: str, *, token: str | None = None, voice: str | None = None, instructions: str | None = None,
                    verify_tls: bool = True, ice_servers: tuple[str, ...] = (),
-                   ice_host_addresses: tuple[str, ...] = ()) -> int:
+                   ice_host_addresses: tuple[str, ...] = (), relay_only: bool = False) -> int:
     sd = _sounddevice()
     use_host_addresses(ice_host_addresses)
     loop = asyncio.get_running_loop()
     mic, speaker = Microphone(), Speaker()
-    call = Call(url, token=token, voice=voice, instructions=instructions, ice_servers=ice_servers,
-                verify_tls=verify_tls, on_audio=speaker.add)
+    servers = ice_servers or await server_ice_servers(url, token, verify_tls)
+    call = Call(url, token=token, voice=voice, instructions=instructions, ice_servers=servers,
+                relay_only=relay_only, verify_tls=verify_tls, on_audio=speaker.add)
 
     def captured(indata: np.ndarray, frames: int, time: Any, status: Any) -> None:
         loop.call_soon_threadsafe(mic.play, indata[:, 0].copy())

@@ -1,12 +1,12 @@
 """The model side of rtc-agent: Qwen3-Omni's Thinker, Talker and Code2Wav, streamed (see engine.py)."""
 from .conversation import TurnTooLongError
-from .engine import Engine, Session
+from .engine import FLUSH_AFTER_SILENCE_MS, Engine, EngineFullError, Session
 from .events import FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, TextDelta
 from .kv_cache import ContextFullError
 from .loader import ModelLoadError
 from .options import VOICES, EngineOptions, SessionOptions
 from .sampling import Sampling
 
-__all__ = ["ContextFullError", "Engine", "EngineOptions", "FRAME_SAMPLES", "INPUT_SAMPLE_RATE", "ModelLoadError",
+__all__ = ["ContextFullError", "Engine", "FLUSH_AFTER_SILENCE_MS", "EngineFullError", "EngineOptions", "FRAME_SAMPLES", "INPUT_SAMPLE_RATE", "ModelLoadError",
            "OUTPUT_SAMPLE_RATE", "ResponseDone", "Sampling", "Session", "SessionOptions", "SpeechFrame", "TextDelta",
            "TurnTooLongError", "VOICES"]

@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from . import attention, audio_input, moe, norm, rotary, sampling
-from .engine import Engine
+from .engine import FLUSH_AFTER_SILENCE_MS, Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import EngineOptions, SessionOptions
+from .slots import rows_for
 
 FRAME_S = 0.08
 
@@ -25,7 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--turns", type=int, default=5, help="caller turns per session")
     parser.add_argument("--sessions", type=int, default=1, help="callers at once, each its own session")
-    parser.add_argument("--turn-s", type=float, default=3.0, help="seconds of caller audio per turn")
+    parser.add_argument("--max-sessions", type=int, help="session slots to make (default: --sessions)")
+    parser.add_argument("--turn-s", type=float, default=3.0, help="seconds of caller speech per turn")
+    parser.add_argument("--silence-ms", type=int, default=400,
+                        help="silence after the speech before the answer is asked for, as the call server's hang-over "
+                             "(it has the engine prefill what it has after 160 ms of it)")
     parser.add_argument("--system-tokens", type=int, default=200)
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--answer-frames", type=int, default=40)
@@ -108,6 +113,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                                        fast_norm=not args.no_fast_norm, fast_rotary=not args.no_fast_rotary,
                                        fast_sampling=not args.no_fast_sampling,
                                        overlap=not args.no_overlap, video_window_s=window,
+                                       max_sessions=args.max_sessions or args.sessions,
                                        context_tokens=args.context_tokens or
                                        max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
     loaded = time.perf_counter()
@@ -118,7 +124,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
                                                   max_frames=args.answer_frames)) for n in range(args.sessions)]
     callers = await asyncio.gather(*(_caller(session, args, width, height, n) for n, session in enumerate(sessions)))
-    stages = await engine.run(_stage_times, sessions[0]._conversation) if engine.speech else {}
+    stages = await engine.run(_stage_times, engine, [s._conversation for s in sessions]) if engine.speech else {}
     video = sessions[0].video_stats()
     for session in sessions:
         await session.close()
@@ -127,8 +133,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     rtf = [caller["busy_s"] / caller["audio_s"] for caller in callers if caller["audio_s"]]
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
-        "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "turns": args.turns,
-        "turn_s": args.turn_s, "system_tokens": args.system_tokens, "prefill_chunk_s": args.prefill_chunk_s,
+        "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "slots": len(engine.pool),
+        "turns": args.turns,
+        "turn_s": args.turn_s, "silence_ms": args.silence_ms, "system_tokens": args.system_tokens,
+        "prefill_chunk_s": args.prefill_chunk_s,
         "cuda_graphs": engine.cuda_graphs, "fast_moe": moe.active(engine.model),
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
         "fast_norm": norm.active(engine.model), "fast_rotary": rotary.active(engine.model),
@@ -167,6 +175,7 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
                 await session.push_image(frames[0][1], frames[0][0])
                 frames.pop(0)
             await session.push_audio(audio[start:start + 320], at=now)
+        await _hang_over(session, args.silence_ms, question_at + args.turn_s)
         clock = question_at + args.turn_s + 30.0
         turn_started = time.perf_counter()
         made = 0
@@ -184,25 +193,48 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
     return {"ttfp": ttfp, "ttft": ttft, "frame_ms": frame_ms, "busy_s": busy_s, "audio_s": audio_s}
 
 
-def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:
-    """Median cost of each stage of one steady-state frame, host synchronisation included."""
-    engine, talker = conversation.core, conversation.talker
-    options = conversation.options
-    text = engine.tts["pad"]
-    codes = torch.zeros(engine.model.config.talker_config.num_code_groups, dtype=torch.long, device=engine.device)
+async def _hang_over(session, silence_ms: int, at: float) -> None:
+    """The silence a call server hears before it ends the turn, pushed as it does (the flush, then the rest)."""
+    for piece in range(0, silence_ms, 20):
+        if piece == FLUSH_AFTER_SILENCE_MS:
+            await session.flush()
+        await session.push_audio(np.zeros(320, dtype=np.float32), at=at + piece / 1000)
+
+
+def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict[str, float]:
+    """Median cost of each stage of one steady-state frame for the sessions' rows as one batch (what a frame of
+    that many answers at once costs), host synchronisation included."""
+    pool, talker = engine.pool, engine.pool.talker
+    rows = rows_for(max(c.slot.index for c in conversations), len(pool))
+    options = conversations[0].options
+    codes = torch.zeros(rows, engine.model.config.talker_config.num_code_groups, dtype=torch.long,
+                        device=engine.device)
+    text = engine.tts["pad"].expand(rows, 1, -1).contiguous()
+    slots = {c.slot.index: c for c in conversations}
+    thinker_rows = [(slots[r].slot, 0, slots[r].generator) if r in slots else None for r in range(rows)]
+    stepping = [r if r in slots else None for r in range(rows)]
+    noise = torch.zeros(rows, talker.vocab, device=engine.device)
+    residual = torch.zeros(rows, (talker.config.num_code_groups - 1) * talker.residual_vocab, device=engine.device)
+    streams = [c.code2wav for c in conversations]
+
+    def code2wav_frame() -> None:
+        pool.code2wav.push(stepping, codes).cpu()
+        for stream in streams:
+            stream.cache.crop(stream.cache.length - 1)
+
     stages = {
-        "thinker_token": lambda: conversation._decode_text(0),
-        "talker_step": lambda: (talker.step(codes, text, options.talker_sampling, conversation.generator),
-                                talker.code0_value()),
-        "code_predictor_15": lambda: talker.frame_codes(codes[:1].view(1, 1), options.predictor_sampling,
-                                                        conversation.generator).tolist(),
-        "code2wav_frame": lambda: (conversation.code2wav.push(codes).cpu(),
-                                   conversation.code2wav.cache.crop(conversation.code2wav.cache.length - 1)),
+        "thinker_token": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False),
+                                  pool.tokens()),
+        "talker_step": lambda: (talker.step(stepping, codes, text, options.talker_sampling, noise),
+                                talker.code0_values()),
+        "code_predictor_15": lambda: talker.frame_codes(rows, options.predictor_sampling, residual).tolist(),
+        "code2wav_frame": code2wav_frame,
     }
-    thinker_length, talker_length = conversation.cache.length, talker.cache.length
-    conversation.code2wav.reset()
-    for _ in range(conversation.code2wav.context):  # a full upsampler context before each timed frame
-        conversation.code2wav.push(codes)
+    lengths = [(c.cache.length, c.talker.cache.length) for c in conversations]
+    for stream in streams:  # a full upsampler context before each timed frame
+        stream.reset()
+        for _ in range(stream.context):
+            stream.push(codes[0])
     result = {}
     for name, stage in stages.items():
         times = []
@@ -213,9 +245,10 @@ def _stage_times(conversation, repeats: int = 20) -> dict[str, float]:
             _sync(engine)
             times.append((time.perf_counter() - began) * 1e3)
         result[name] = round(float(np.median(times)), 2)
-    conversation.cache.crop(thinker_length)
-    talker.cache.crop(talker_length)
-    conversation.code2wav.reset()
+    for conversation, (thinker_length, talker_length) in zip(conversations, lengths):
+        conversation.cache.crop(thinker_length)
+        conversation.talker.cache.crop(talker_length)
+        conversation.code2wav.reset()
     return result
 
 

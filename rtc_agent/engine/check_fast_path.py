@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from . import conversation as conversation_module
+from . import slots as slots_module
 from . import talker as talker_module
 from .engine import Engine
 from .events import ResponseDone, SpeechFrame
@@ -64,7 +65,7 @@ class _Forced:
     @contextlib.contextmanager
     def imposed(self):
         """Within the block the Thinker's, the Talker's and the code predictor's choices are this object's."""
-        originals = conversation_module.choose, talker_module.choose
+        originals = conversation_module.choose, slots_module.choose, talker_module.choose
 
         def thinker(logits, sampling, *args, **kwargs):
             return self.choose("thinker", logits, sampling)
@@ -72,11 +73,11 @@ class _Forced:
         def talker(logits, sampling, generator=None, seen=None, suppress=None, noise=None, fused=False):
             return self.choose("code0" if seen is not None else "predictor", logits, sampling, seen, suppress)
 
-        conversation_module.choose, talker_module.choose = thinker, talker
+        conversation_module.choose, slots_module.choose, talker_module.choose = thinker, thinker, talker
         try:
             yield
         finally:
-            conversation_module.choose, talker_module.choose = originals
+            conversation_module.choose, slots_module.choose, talker_module.choose = originals
 
     def report(self) -> dict:
         result = {}

@@ -248,7 +248,7 @@ async def _session_stages(loaded, fast_moe: bool) -> dict:
         async for _ in session.respond():
             pass
     turns_s = time.perf_counter() - began
-    stages = await engine.run(_stage_times, session._conversation)
+    stages = await engine.run(_stage_times, engine, [session._conversation])
     await session.close()
     engine.close()
     return {"fast_moe": fast_moe, "stage_ms": stages, "two_turns_s": round(turns_s, 2)}
@@ -269,12 +269,17 @@ async def _profile_thinker_step(loaded, steps: int = 3) -> dict:
         pass
     conversation = session._conversation
 
+    def decode() -> None:
+        engine.pool.start_tokens([(conversation.slot, 0, conversation.generator)],
+                                 [conversation.options.thinker_sampling], overlap=False)
+        engine.pool.tokens()
+
     def job():
-        conversation._decode_text(0)
+        decode()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
-                conversation._decode_text(0)
+                decode()
             torch.cuda.synchronize()
         return prof
 

@@ -6,85 +6,157 @@ last `context` frames of transformer output plus the new one; `context` covers i
 samples are exact too. A forward over T frames yields T*1920 - 555 samples (the causal transposed convolutions
 hold back the tail), so the stream starts with 555 samples of silence: frame k then carries exactly the samples
 [k*1920 - 555, (k+1)*1920 - 555) of the one-shot decode, every frame is 1920 samples, and nothing is dropped.
+
+`Code2WavRows` holds every session slot's stream in batched buffers (a row a slot). An answer's first `context`
+frames go through its own stream (one step per number of frames before it: the upsampler's input is shorter);
+from then on every answer's frame is one batched step over the rows.
 """
 from __future__ import annotations
 
 import torch
 
-from .graphs import CapturedStep, replay_at
+from .graphs import CapturedStep, DeviceCopy, replay_at
 from .kv_cache import StaticKVCache
 from .stack import run_stack
 
 UPSAMPLER_CONTEXT_FRAMES = 6  # the upsampler's receptive field in frames: 6 is exact (1e-8), 4 is not (4e-5)
 
 
+def _transform(model, codes: torch.Tensor, cache: StaticKVCache, graph_mode: bool) -> torch.Tensor:
+    """The transformer's output [rows, hidden, 1] for one frame of codes per row ([rows, num_quantizers])."""
+    embeds = model.code_embedding(codes[:, :, None] + model.code_offset).mean(1)
+    out, _ = run_stack(model.pre_transformer, embeds, cache, mrope=False, graph_mode=graph_mode)
+    return out.permute(0, 2, 1)
+
+
+def _upsample(model, hidden: torch.Tensor) -> torch.Tensor:
+    for blocks in model.upsample:
+        for block in blocks:
+            hidden = block(hidden)
+    for block in model.decoder:
+        hidden = block(hidden)
+    return hidden.clamp(min=-1, max=1)
+
+
 class StreamingCode2Wav:
-    def __init__(self, code2wav, max_frames: int, context: int = UPSAMPLER_CONTEXT_FRAMES, graphs: bool = False) -> None:
+    """One stream. `cache` and `history` may be rows of `Code2WavRows`' buffers (else its own are made)."""
+
+    def __init__(self, code2wav, max_frames: int, context: int = UPSAMPLER_CONTEXT_FRAMES, graphs: bool = False,
+                 cache: StaticKVCache | None = None, history: torch.Tensor | None = None) -> None:
         self.model = code2wav
         config = code2wav.config
         self.samples_per_frame = int(code2wav.total_upsample)
         self.context = context
         param = next(code2wav.parameters())
-        self.cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, window=config.sliding_window)
-        self.hidden: torch.Tensor | None = None  # eager path: transformer output of the last context + 1 frames
+        if cache is None:
+            cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, window=config.sliding_window)
+        self.cache = cache
+        # The last `context` frames of transformer output, the upsampler's left context.
+        self.history = history if history is not None else param.new_zeros(1, config.hidden_size, context)
         self.lag = self._tail_loss()
-        # On the GPU every frame is one graph replay: one graph per number of frames before it (0 .. context, the
-        # last one for every frame from then on), over a static buffer of the last `context` transformer frames.
-        self._history = param.new_zeros(1, config.hidden_size, context)
-        self._graphs: list[CapturedStep] = []
-        if graphs:
-            codes = torch.zeros(config.num_quantizers, dtype=torch.long, device=param.device)
-            for before in range(context + 1):
-                self._graphs.append(CapturedStep(lambda c, before=before: self._push_static(c, before), codes))
-                self.reset()
+        # One step per number of frames before the new one (0 .. context, the last for every frame from then on).
+        codes = torch.zeros(1, config.num_quantizers, dtype=torch.long, device=param.device)
+        self._steps = [CapturedStep(lambda c, before=before: self._push_static(c, before), codes, graph=graphs)
+                       for before in range(context + 1)]
+        self.reset()
 
     def _tail_loss(self) -> int:
         """Samples a forward holds back at its end (555 for the released config), found by decoding one frame."""
         self.reset()
-        codes = torch.zeros(1, self.model.config.num_quantizers, 1, dtype=torch.long, device=self.cache.keys[0].device)
-        produced = self._upsample(self._transform(codes)).shape[-1]
+        codes = torch.zeros(1, self.model.config.num_quantizers, dtype=torch.long, device=self.history.device)
+        produced = _upsample(self.model, _transform(self.model, codes, self.cache, graph_mode=False)).shape[-1]
         self.reset()
         return self.samples_per_frame - produced
 
     def reset(self) -> None:
         self.cache.crop(0)
-        self.hidden = None
 
-    def _transform(self, codes: torch.Tensor, graph_mode: bool = False) -> torch.Tensor:
-        model = self.model
-        embeds = model.code_embedding(codes + model.code_offset).mean(1)
-        out, _ = run_stack(model.pre_transformer, embeds, self.cache, mrope=False, graph_mode=graph_mode)
-        return out.permute(0, 2, 1)
-
-    def _upsample(self, hidden: torch.Tensor) -> torch.Tensor:
-        for blocks in self.model.upsample:
-            for block in blocks:
-                hidden = block(hidden)
-        for block in self.model.decoder:
-            hidden = block(hidden)
-        return hidden.clamp(min=-1, max=1)
+    @property
+    def steady(self) -> bool:
+        """Whether the next frame has a full upsampler context before it (the batched step's case)."""
+        return self.cache.length >= self.context
 
     def push(self, codes: torch.Tensor) -> torch.Tensor:
         """Decode one frame of codes [num_quantizers] and return its 1920 samples (float32, on the model's device)."""
-        if self._graphs:
-            return replay_at(self._graphs[min(self.cache.length, self.context)], self.cache, 1, codes).clone()
-        hidden = self._transform(codes.view(1, -1, 1))
-        window = hidden if self.hidden is None else torch.cat((self.hidden, hidden), dim=-1)[..., -(self.context + 1):]
-        wav = self._frame_samples(window, window.shape[-1] - 1)
-        self.hidden = window
-        return wav
+        step = self._steps[min(self.cache.length, self.context)]
+        return replay_at(step, self.cache, 1, codes.view(1, -1))[0].clone()
 
     def _push_static(self, codes: torch.Tensor, before: int) -> torch.Tensor:
         """`push` with `before` frames of history (at most `context`) in fixed shapes, for a CUDA graph."""
-        hidden = self._transform(codes.view(1, -1, 1), graph_mode=True)
-        window = torch.cat((self._history[..., self.context - before:], hidden), dim=-1)
-        self._history.copy_(torch.cat((self._history, hidden), dim=-1)[..., -self.context:])
-        return self._frame_samples(window, before)
+        hidden = _transform(self.model, codes, self.cache, graph_mode=True)
+        window = torch.cat((self.history[..., self.context - before:], hidden), dim=-1)
+        self.history.copy_(torch.cat((self.history, hidden), dim=-1)[..., -self.context:])
+        return frame_samples(self.model, window, before, self.samples_per_frame, self.lag)
 
-    def _frame_samples(self, window: torch.Tensor, before: int) -> torch.Tensor:
-        """The new frame's samples from the upsampled `window` (`before` frames of context, then the new one)."""
-        wav = self._upsample(window)[0, 0].float()
-        start = before * self.samples_per_frame - self.lag  # where this frame's samples begin in `wav`
-        if start < 0:
-            return torch.cat((wav.new_zeros(-start), wav[: self.samples_per_frame + start]))
-        return wav[start: start + self.samples_per_frame]
+
+def frame_samples(model, window: torch.Tensor, before: int, samples_per_frame: int, lag: int) -> torch.Tensor:
+    """The new frame's samples [rows, 1920] from the upsampled `window` (`before` frames of context, then the new
+    one, per row)."""
+    wav = _upsample(model, window)[:, 0].float()
+    start = before * samples_per_frame - lag  # where this frame's samples begin in `wav`
+    if start < 0:
+        return torch.cat((wav.new_zeros(wav.shape[0], -start), wav[:, : samples_per_frame + start]), dim=1)
+    return wav[:, start: start + samples_per_frame]
+
+
+class Code2WavRows:
+    """Every slot's stream, in batched buffers: `rows[b]` is slot b's; `push` decodes the steady frames of a
+    batch in one step."""
+
+    def __init__(self, code2wav, slots: int, max_frames: int, graphs: bool,
+                 context: int = UPSAMPLER_CONTEXT_FRAMES) -> None:
+        self.model = code2wav
+        config = code2wav.config
+        param = next(code2wav.parameters())
+        self.context, self.graphs = context, graphs
+        self.cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, batch=slots,
+                                              window=config.sliding_window)
+        self.history = param.new_zeros(slots, config.hidden_size, context)
+        self.rows = [StreamingCode2Wav(code2wav, max_frames, context, graphs, self.cache.row(b), self.history[b:b + 1])
+                     for b in range(slots)]
+        self._inputs = DeviceCopy((2, slots), torch.long, param.device)  # a step's positions and which rows step
+        self._views: dict[int, StaticKVCache] = {}
+        self._steps: dict[int, CapturedStep] = {}
+
+    def capture(self, rows: int) -> None:
+        self._step_for(rows)
+
+    def _step_for(self, rows: int) -> CapturedStep:
+        if rows not in self._steps:
+            view = self._views.setdefault(rows, self.cache.batch_view(rows))
+            view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
+            codes = torch.zeros(rows, self.model.config.num_quantizers, dtype=torch.long, device=self.history.device)
+            active = torch.zeros(rows, dtype=torch.bool, device=self.history.device)
+            self._steps[rows] = CapturedStep(lambda c, a: self._steady(view, c, a), codes, active, graph=self.graphs)
+        return self._steps[rows]
+
+    def _steady(self, view: StaticKVCache, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        rows = codes.shape[0]
+        hidden = _transform(self.model, codes, view, graph_mode=True)
+        history = self.history[:rows]
+        window = torch.cat((history, hidden), dim=-1)
+        history.copy_(torch.where(active[:, None, None], window[..., -self.context:], history))
+        first = self.rows[0]
+        return frame_samples(self.model, window, self.context, first.samples_per_frame, first.lag)
+
+    def push(self, stepping: list[int | None], codes: torch.Tensor) -> torch.Tensor:
+        """One steady frame for each row `stepping[i]` names (None: row i sits out) from `codes` [rows, 16];
+        returns samples [rows, 1920] (rows sitting out: meaningless)."""
+        count = len(stepping)
+        step = self._step_for(count)  # (a capture sets the positions: before they are filled in)
+        view = self._views[count]
+        self._inputs.wait_sent()
+        host = self._inputs.host
+        host[0], host[1] = self.cache.scratch, 0
+        for i, row in enumerate(stepping):
+            if row is not None:
+                cache = self.rows[row].cache
+                cache.begin(1)
+                host[0, i], host[1, i] = cache.length, 1
+        inputs = self._inputs.send()
+        view.position.copy_(inputs[0, :count])
+        samples = step(codes, inputs[1, :count].bool())
+        for row in stepping:
+            if row is not None:
+                self.rows[row].cache.commit()
+        return samples

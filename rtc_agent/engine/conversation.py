@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from . import audio_input, vision_input
+from .answer import Answer
 from .caller_video import CallerVideo
-from .code2wav import StreamingCode2Wav
-from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame, TextDelta
-from .graphs import CapturedStep, HostCopy, PaddedPrefill, replay_at
-from .kv_cache import StaticKVCache
+from .events import INPUT_SAMPLE_RATE, Event
 from .layout import Piece, TurnLayout
 from .options import SessionOptions
-from .sampling import choose, fused_active
-from .stack import explicit_positions, run_stack
-from .talker import TalkerState
+from .sampling import choose
+from .slots import Slot
+from .stack import explicit_positions
 
 
 class TurnTooLongError(ValueError):
@@ -103,41 +101,29 @@ class TokenIds:
 
 
 class Conversation:
-    def __init__(self, core, options: SessionOptions) -> None:
+    """One call's context in its session slot: the conversation so far (kept so the cache can be rebuilt), the
+    caller's turn being prefilled, and the start and end of each answer (`begin_answer`, `close`)."""
+
+    def __init__(self, core, slot: Slot, options: SessionOptions) -> None:
         self.core = core
+        self.slot = slot
         self.options = options
         self.ids: TokenIds = core.ids
-        thinker_cfg = core.model.config.thinker_config.text_config
-        self.cache = StaticKVCache.for_config(thinker_cfg, core.options.context_tokens, core.dtype, core.device)
-        graphs = core.cuda_graphs
-        talker_len = core.options.context_tokens + core.options.max_frames + 16
-        fused = fused_active(core.options.fast_sampling, core.device)
-        self.talker = TalkerState(core.model, talker_len, graphs, fused) if core.speech else None
-        if self.talker is not None and graphs:
-            self.talker.capture(options.talker_sampling, options.predictor_sampling)
-        self.code2wav = StreamingCode2Wav(core.model.code2wav, core.options.max_frames + 1, graphs=graphs) if core.speech else None
+        slot.reset(options.seed)
+        self.cache = slot.cache
+        self.talker = slot.talker
+        self.code2wav = slot.code2wav
+        self.generator = slot.generator
         self.segments: list[Segment] = []
         self._last_answer: tuple[int, list[int]] | None = None  # (cache position, tokens) of the latest answer
         self.turn: Turn | None = None  # the user turn being prefilled
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
+        self.typed: list[int] = []  # text ids the caller typed in this turn (they follow its audio)
         self.audio_clock = 0.0  # media-clock time just after the last audio pushed
         self._turn_start_at = 0.0  # media-clock time of the first sample of the turn being pushed
         vision = core.model.config.thinker_config.vision_config
         self.video = CallerVideo(vision.patch_size * vision.spatial_merge_size, core.options.video_window_s,
                                  core.options.video_still_threshold)
-        self._thinker_step = self._thinker_prefill_graph = None
-        overlap = graphs and core.options.overlap
-        self._side_stream = torch.cuda.Stream(core.device) if overlap else None  # the Thinker's decode during frames
-        if graphs:
-            self._thinker_step = CapturedStep(self._thinker_logits, torch.zeros(1, 1, dtype=torch.long, device=core.device),
-                                              stream=self._side_stream)
-            self._thinker_prefill_graph = PaddedPrefill(self._thinker_stack, self.cache, thinker_cfg.hidden_size, core.dtype)
-        self._token = HostCopy((1,), torch.long, core.device)  # the Thinker's next token
-        if core.speech:  # each frame's codes and samples
-            self._frame_codes = HostCopy((core.model.config.talker_config.num_code_groups,), torch.long, core.device)
-            self._frame_samples = HostCopy((self.code2wav.samples_per_frame,), torch.float32, core.device)
-        self.generator = torch.Generator(device=core.device)
-        self.generator.manual_seed(options.seed if options.seed is not None else int(torch.seed() % 2**62))
 
     def apply(self, options: SessionOptions) -> None:
         """New session options; a new system prompt replaces the old one in the cache from the next turn on."""
@@ -161,10 +147,25 @@ class Conversation:
             piece, self.pending = self.pending[:chunk], self.pending[chunk:]
             self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
 
+    def flush(self) -> None:
+        """Prefill the caller audio still pending now, a chunk shorter than `prefill_chunk_s` (the caller paused:
+        the turn may end, and then only the audio after this point is left to encode). Nothing with
+        `prefill_chunk_s` 0, which means prefilling the whole turn at its end."""
+        if self.core.options.prefill_chunk_s and len(self.pending) >= audio_input.MEL_HOP:
+            piece, self.pending = self.pending, np.zeros(0, dtype=np.float32)
+            self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
+
     def add_image(self, image: np.ndarray, at: float) -> None:
         """A caller video frame captured at media-clock time `at`; it waits for the turn of its moment."""
         if self.core.options.video_window_s:
             self.video.add(image, at)
+
+    def add_text(self, text: str) -> None:
+        """Text the caller typed: it joins the caller's turn, after the turn's audio (a turn may be text only)."""
+        ids = self.core.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ValueError("the text is empty")
+        self.typed += ids
 
     def has_audio(self) -> bool:
         return len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.segment.audio))
@@ -192,6 +193,19 @@ class Conversation:
         self._place_turn()
         grids = vision_input.encode(self.core.model.thinker, [pair for _, pair in held]) if held else []
         return [layout.opening([(second, grid) for (second, _), grid in zip(held, grids)])]
+
+    def _open_typed_turn(self, rest: list[int]) -> list[Piece]:
+        """Start a caller turn that is only text: its header and `rest`, at consecutive positions (video waits
+        for the next spoken turn)."""
+        if not self.segments:
+            self._append(Segment("system", self._system_ids()))
+        self._make_room(0)
+        per_second = self.core.model.config.thinker_config.position_id_per_seconds
+        layout = TurnLayout(self.ids, False, per_second)
+        self.turn = Turn(Segment("user", [], np.zeros((3, 0), dtype=np.int64)), layout, self.audio_clock)
+        self._place_turn()
+        ids = [self.ids.im_start, self.ids.user, self.ids.newline, *rest]
+        return [Piece(ids, [np.arange(len(ids))[None].repeat(3, 0)])]
 
     def _audio_piece(self, samples: np.ndarray) -> Piece:
         """Encode a stretch of the turn's audio, with the video seconds that start in it."""
@@ -258,20 +272,13 @@ class Conversation:
             layers = len(grids[0].deepstack)
             deepstack = (video, [torch.cat([g.deepstack[i] for g in grids]) for i in range(layers)])
         positions = explicit_positions(positions, self.cache)
-        if positions is None and self._thinker_prefill_graph is not None and self._thinker_prefill_graph.fits(embeds.shape[1]):
-            hidden, captured = self._thinker_prefill_graph(embeds)
+        prefill = self.slot.prefill
+        if positions is None and prefill is not None and prefill.fits(embeds.shape[1]):
+            hidden, captured = prefill(embeds)
         else:
-            hidden, captured = self._thinker_stack(embeds, graph_mode=False, positions=positions, deepstack=deepstack)
+            hidden, captured = self.core.pool.thinker_stack(embeds, self.cache, graph_mode=False, positions=positions,
+                                                            deepstack=deepstack)
         return hidden, captured, embeds
-
-    def _thinker_stack(self, embeds: torch.Tensor, graph_mode: bool = True, positions: torch.Tensor | None = None,
-                       deepstack=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Thinker layers over `embeds`; also returns the hidden states the Talker reads (accept_hidden_layer)."""
-        lm = self.core.model.thinker.model.language_model
-        capture = self.core.model.config.talker_config.accept_hidden_layer if self.talker is not None else None
-        hidden, captured = run_stack(lm, embeds, self.cache, mrope=True, capture_layer=capture, graph_mode=graph_mode,
-                                     positions=positions, deepstack=deepstack)
-        return hidden, hidden if captured is None else captured
 
     def _talker_user_part(self, ids: list[int], embeds: torch.Tensor, captured: torch.Tensor) -> torch.Tensor:
         talker = self.core.model.talker
@@ -350,126 +357,41 @@ class Conversation:
             self._prefill_talker_part(self.turn.segment)
 
     # ----- answer ----------------------------------------------------------------------------------------------
-    def answer(self) -> Iterator[Event]:
-        """Finish the caller's turn and stream the answer, one step per `next()`; see `Engine` for the timing."""
+    def begin_answer(self, emit: Callable[[Event], None]) -> Answer:
+        """Finish the caller's turn: prefill its tail and the assistant header, choose the first token and, with
+        speech, prefill the Talker's assistant prefix. The frames then come from batched steps (`answer.tick`)."""
         started = time.perf_counter()
-        i, opts = self.ids, self.options
+        i = self.ids
         tail = self.pending
         self.pending = np.zeros(0, dtype=np.float32)
-        pieces = self._open_turn()
-        if len(tail) >= audio_input.MEL_HOP:
-            pieces.append(self._audio_piece(tail))
+        typed, self.typed = self.typed, []
         header = [i.im_start, i.assistant, i.newline]
-        pieces.append(self.turn.layout.closing(header))
+        if self.turn is None and len(tail) < audio_input.MEL_HOP:  # a typed turn: no audio block
+            pieces = self._open_typed_turn([*typed, i.im_end, i.newline, *header])
+        else:
+            pieces = self._open_turn()
+            if len(tail) >= audio_input.MEL_HOP:
+                pieces.append(self._audio_piece(tail))
+            pieces.append(self.turn.layout.closing(header, typed))
         logits = self._prefill_turn(pieces, trailer=len(header))
         self.segments.append(self.turn.segment)
         self.turn = None
-        answer_start = self.cache.length - len(header)
-
-        tokens: list[int] = []  # generated text tokens, EOS excluded
-        frames = 0
-        frame_times: list[float] = []
-        metrics: dict[str, float] = {}
-        self._interrupted_at: int | None = None
-        token = int(self._choose_text(logits))
-        thinker_done = token == i.im_end
-        if not thinker_done:
-            tokens.append(token)
-            metrics["ttft_ms"] = (time.perf_counter() - started) * 1e3
-            yield TextDelta(self.core.tokenizer.decode([token]), token)
-        try:
-            if self.talker is not None:
-                frames, thinker_done = yield from self._speak(tokens, token, thinker_done, header, started, metrics, frame_times)
-                thinker_done = thinker_done or frames >= opts.max_frames  # cut by the length limit: text stops too
-            yield from self._finish_text(tokens, thinker_done)  # text only, or the Talker ended before the text
-        finally:
-            interrupted = self._interrupted_at is not None
-            kept = tokens if self.talker is None or not interrupted else tokens[: self._interrupted_at]
-            self._close_answer(answer_start, header, kept)
-            self._last_answer = (answer_start, tokens) if self.talker is not None else None
-            if frame_times:
-                metrics["frame_ms_p50"] = float(np.percentile(frame_times, 50) * 1e3)
-                metrics["frame_ms_p90"] = float(np.percentile(frame_times, 90) * 1e3)
-            metrics["audio_s"] = frames * 0.08
-            self.last_done = ResponseDone(self.core.tokenizer.decode(kept), tuple(kept), frames, interrupted, metrics)
-        yield self.last_done
-
-    def _speak(self, tokens: list[int], token: int, thinker_done: bool, header: list[int], started: float,
-               metrics: dict[str, float], frame_times: list[float]) -> Generator[Event, None, tuple[int, bool]]:
-        """The Talker and Code2Wav loop: one frame per step, the Thinker one token ahead. Returns the frame count
-        and whether the text is complete.
-
-        On the GPU a frame does not wait for the host: the code predictor reads code 0 on the device while code 0
-        travels to the host for the end-of-speech check, the Thinker's next token is decoded on a side stream next
-        to the predictor and Code2Wav, and the next Talker step is queued before the frame is handed on."""
-        i, opts = self.ids, self.options
-        eos = self.core.model.config.talker_config.codec_eos_token_id
-        frames = 0
-        thinker_done = thinker_done or len(tokens) >= opts.max_answer_tokens
-        role, first = self._text_input(header), self._text_input([token])
-        text_after_end = 0  # talker steps fed since the text ended (tts_eos first, then tts_pad)
-        speaker = self.core.speaker_id(opts.voice)
-        if self._side_stream is not None:  # the Thinker's side-stream steps come after its prefill on this stream
-            self._side_stream.wait_stream(torch.cuda.current_stream())
-        code0 = self.talker.start_answer(role, first, self.core.tts, speaker, opts.talker_sampling, self.generator)
-        step_started = started
-        while self._interrupted_at is None:
-            codes = self.talker.frame_codes(code0, opts.predictor_sampling, self.generator)
-            if self.talker.code0_value() == eos:  # the predictor's work on it is dropped
-                break
-            ahead = None if thinker_done else self._text_ahead(tokens[-1])
-            self._frame_codes.start(codes)
-            self._frame_samples.start(self.code2wav.push(codes))
-            last = frames + 1 >= opts.max_frames
-            text, delta = None, None
-            if ahead is not None:
-                token = ahead()  # at the frame limit it goes unused: its cache position is cropped with the answer
-                if not last:
-                    thinker_done = token == i.im_end
-                    if not thinker_done:
-                        tokens.append(token)
-                        delta = TextDelta(self.core.tokenizer.decode([token]), token)
-                        # As in stock generate, the answer's last token (EOS, or the one at the length limit) is
-                        # not spoken: tts_eos takes its place.
-                        thinker_done = len(tokens) >= opts.max_answer_tokens
-                        if not thinker_done:
-                            text = self._text_input([token])
-            if not last:
-                if text is None:
-                    text = self.core.tts["eos"] if text_after_end == 0 else self.core.tts["pad"]
-                    text_after_end += 1
-                code0 = self.talker.step(codes, text, opts.talker_sampling, self.generator)
-            samples = self._frame_samples.get().numpy().copy()
-            now = time.perf_counter()
-            if frames == 0:
-                metrics["ttfp_ms"] = (now - started) * 1e3
-            else:
-                frame_times.append(now - step_started)
-            yield SpeechFrame(frames, samples, tuple(self._frame_codes.get().tolist()))
-            step_started = time.perf_counter()
-            frames += 1
-            if last or self._interrupted_at is not None:
-                break
-            if delta is not None:
-                yield delta
-        return frames, thinker_done
-
-    def _text_input(self, ids: list[int]) -> torch.Tensor:
-        """The Talker's text-side input for Thinker tokens: text_projection of their embeddings [1, T, hidden]."""
-        lm = self.core.model.thinker.model.language_model
-        return self.core.project_text(lm.embed_tokens(torch.tensor([ids], device=self.core.device)))
-
-    def _finish_text(self, tokens: list[int], done: bool) -> Iterator[TextDelta]:
-        """Decode the rest of the text, without speech, appending to `tokens`."""
-        while not done and len(tokens) < self.options.max_answer_tokens and self._interrupted_at is None:
-            token = self._decode_text(tokens[-1])
-            if token == self.ids.im_end:
-                return
-            tokens.append(token)
-            yield TextDelta(self.core.tokenizer.decode([token]), token)
-
-    def interrupt(self, frames_played: int) -> None:
-        self._interrupted_at = max(0, frames_played)
+        answer = Answer(self, emit, started, header, self.cache.length - len(header))
+        self.slot.answer = answer
+        token = int(choose(logits, self.options.thinker_sampling, self.generator))
+        answer.thinker_done = token == i.im_end
+        if not answer.thinker_done:
+            answer.add_first_token(token)
+        if self.talker is not None:
+            answer.thinker_done = answer.thinker_done or len(answer.tokens) >= self.options.max_answer_tokens
+            side = self.core.pool.side_stream
+            if side is not None:  # the Thinker's side-stream steps come after its prefill on this stream
+                side.wait_stream(torch.cuda.current_stream())
+            self.talker.start_answer(self.core.text_input([header]), self.core.text_input([[token]]), self.core.tts,
+                                     self.core.speaker_id(self.options.voice), self.options.talker_sampling,
+                                     self.generator)
+            answer.speaking = True
+        return answer
 
     def trim_last_answer(self, frames_played: int) -> None:
         """A barge-in that lands after the answer was made but before it was all heard: keep only the text of the
@@ -488,38 +410,11 @@ class Conversation:
             self.turn.base = self.cache.next_position  # (its Talker part is not behind the answer: it stays)
             self._prefill_segment(self.turn.segment)
 
-    def _choose_text(self, logits: torch.Tensor) -> int:
-        return int(choose(logits, self.options.thinker_sampling, self.generator))
-
-    def _thinker_logits(self, ids: torch.Tensor, graph_mode: bool = True) -> torch.Tensor:
-        lm = self.core.model.thinker.model.language_model
-        hidden, _ = run_stack(lm, lm.embed_tokens(ids), self.cache, mrope=True, graph_mode=graph_mode)
-        return self.core.model.thinker.lm_head(hidden[:, -1])
-
-    def _text_ahead(self, previous: int) -> Callable[[], int]:
-        """Start decoding the token after `previous`; call the result for it. With CUDA graphs the step runs on a
-        side stream, next to whatever the main stream does until then (the code predictor, Code2Wav); that stream
-        was made to wait for the Thinker's prefill when the answer started."""
-        if self._side_stream is None:
-            token = self._decode_text(previous)
-            return lambda: token
-        with torch.cuda.stream(self._side_stream):
-            ids = torch.tensor([[previous]], device=self.core.device)
-            logits = replay_at(self._thinker_step, self.cache, 1, ids)
-            self._token.start(choose(logits, self.options.thinker_sampling, self.generator).view(1))
-        return lambda: int(self._token.get()[0])
-
-    def _decode_text(self, previous: int) -> int:
-        ids = torch.tensor([[previous]], device=self.core.device)
-        if self._thinker_step is not None:
-            logits = replay_at(self._thinker_step, self.cache, 1, ids)
-        else:
-            logits = self._thinker_logits(ids, graph_mode=False)
-        return self._choose_text(logits)
-
-    def _close_answer(self, answer_start: int, header: list[int], kept: list[int]) -> None:
+    def close_answer(self, answer_start: int, header: list[int], kept: list[int], made: list[int] | None) -> None:
         """Leave the caches holding the conversation with the answer as it was heard: its kept text, then
-        <|im_end|> and a newline."""
+        <|im_end|> and a newline. `made`: every token of a spoken answer, for a barge-in that comes after it was
+        made (`trim_last_answer`)."""
+        self._last_answer = (answer_start, made) if made is not None else None
         i = self.ids
         segment = Segment("assistant", header + kept + [i.im_end, i.newline])
         fed = self.cache.length - answer_start  # header + fed tokens

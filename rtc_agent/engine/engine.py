@@ -1,17 +1,17 @@
 """The engine's asyncio face: one `Engine` per process, one `Session` per call.
 
-All torch work runs on a single worker thread per device, so the event loop never blocks and the model is never
-used from two threads. Each session step (a prefill chunk, one 80 ms frame) is one job on that thread; sessions
-interleave frame by frame. The worker is the one place that sees every session's next step, which is where
-batching several sessions into one decode step belongs.
+All torch work runs on a single worker thread per device (`worker.py`), so the event loop never blocks and the
+model is never used from two threads. At start-up the engine makes its session slots (`slots.py`: caches and
+CUDA graphs for `max_sessions` calls); a session takes a free slot and gives it back when it closes. The worker
+runs the sessions' prefills as jobs and advances every answer in progress with one batched step per frame.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -19,13 +19,17 @@ import numpy as np
 import torch
 
 from . import attention, audio_input, moe, norm, rotary, vision_input
+from .answer import Answer, tick
 from .conversation import Conversation, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
 from .options import EngineOptions, SessionOptions
+from .slots import Slot, SlotPool, slot_count
+from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FLUSH_AFTER_SILENCE_MS = 160  # a call server flushes after a pause this long inside a turn (commas pause 96-160 ms)
 
 
 class Engine:
@@ -45,13 +49,18 @@ class Engine:
         rotary.install(self.model, enabled=options.fast_rotary and self.device.type == "cuda")
         self.ids = TokenIds.from_model(self.model, self.tokenizer)
         self.ready = False
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rtc-agent-{self.device}")
         self.tts: dict[str, torch.Tensor] = {}
-        if self.speech:
-            with torch.inference_mode():
+        with torch.inference_mode():
+            if self.speech:
                 special = torch.tensor([[self.ids.tts_bos, self.ids.tts_eos, self.ids.tts_pad]], device=self.device)
                 bos, eos, pad = self.project_text(self.model.thinker.get_input_embeddings()(special)).chunk(3, dim=1)
-            self.tts = {"bos": bos, "eos": eos, "pad": pad}
+                self.tts = {"bos": bos, "eos": eos, "pad": pad}
+            started = time.perf_counter()
+            self.pool = SlotPool(self, slot_count(self, options.max_sessions))
+            defaults = SessionOptions()
+            self.pool.capture(defaults.talker_sampling, defaults.predictor_sampling)
+        log.info("%d session slots ready in %.1f s", len(self.pool), time.perf_counter() - started)
+        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers))
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions()) -> "Engine":
@@ -61,6 +70,7 @@ class Engine:
     def describe(self) -> dict[str, Any]:
         return {"model": self.loaded.name, "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "speech": self.speech, "streaming": self.options.streaming, "ready": self.ready,
+                "max_sessions": len(self.pool), "free_sessions": self.pool.free,
                 "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens,
                 "video_window_s": self.options.video_window_s}
 
@@ -73,27 +83,48 @@ class Engine:
         """Thinker token embeddings → the Talker's text input (`text_projection`)."""
         return self.model.talker.text_projection(embeds)
 
+    def text_input(self, ids: list[list[int]]) -> torch.Tensor:
+        """The Talker's text-side input for rows of Thinker tokens: text_projection of their embeddings
+        [rows, T, hidden]."""
+        lm = self.model.thinker.model.language_model
+        return self.project_text(lm.embed_tokens(torch.tensor(ids, device=self.device)))
+
     def speaker_id(self, voice: str) -> int:
         return self.model.config.talker_config.speaker_id[voice]
 
-    async def run(self, fn: Callable[..., T], *args) -> T:
-        """Run `fn(*args)` on the worker thread, under inference mode."""
-        def job() -> T:
-            with torch.inference_mode():
-                return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._worker, job)
+    async def run(self, fn: Callable[..., T], *args, urgent: bool = False) -> T:
+        """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first."""
+        return await asyncio.wrap_future(self._worker.submit(lambda: fn(*args), URGENT if urgent else NORMAL))
 
     def new_session(self, options: SessionOptions = SessionOptions()) -> "Session":
+        """A session on a free slot; `EngineFullError` when every slot is taken."""
         return Session(self, options)
+
+    def release(self, slot: Slot) -> None:
+        """Give `slot` back once its answer in progress, if any, is over (on the worker)."""
+        answer = slot.answer
+        if answer is not None and not answer.done:
+            answer.interrupt(0)
+            answer.after.append(lambda: self.pool.release(slot))
+        else:
+            self.pool.release(slot)
+
+    def add_answer(self, answer: Answer) -> None:
+        self._worker.add(answer)
 
     async def warmup(self) -> None:
         """Run one short turn end to end so the first caller pays no first-use costs; then `ready` is True.
 
         The turn samples as callers do (their draws' kernels are loaded on first use, milliseconds on a GPU) and is
-        a prefill chunk plus a tail, the two ways caller audio reaches the Thinker."""
+        a prefill chunk, a flush and a tail, the ways caller audio reaches the Thinker."""
         started = time.perf_counter()
         session = self.new_session(SessionOptions(seed=0, max_answer_tokens=4, max_frames=4))
-        await session.push_audio(np.zeros(int(INPUT_SAMPLE_RATE * 1.37), dtype=np.float32))
+        if self.options.video_window_s:  # a second of camera: the vision encoder's first use is paid here too
+            for at in (0.0, 0.5):
+                await session.push_image(np.zeros((64, 64, 3), dtype=np.uint8), at)
+        await session.push_audio(np.zeros(int(INPUT_SAMPLE_RATE * 1.37), dtype=np.float32), at=0.0)
+        await session.flush()  # a pause: the audio encoder on a piece shorter than a chunk, as calls have
+        await session.push_audio(np.zeros(int(INPUT_SAMPLE_RATE * 0.29), dtype=np.float32))
         async for _ in session.respond():
             pass
         await session.close()
@@ -101,20 +132,31 @@ class Engine:
         log.info("engine warmed up in %.1f s", time.perf_counter() - started)
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._worker.close()
+
+
+class EngineFullError(RuntimeError):
+    """Every session slot is taken."""
 
 
 class Session:
-    """One caller's conversation. Methods are coroutines; none of them blocks the event loop."""
+    """One caller's conversation on one slot. Methods are coroutines; none of them blocks the event loop."""
 
     def __init__(self, engine: Engine, options: SessionOptions) -> None:
         self.engine = engine
         self.options = self._resolve(options)
+        slot = engine.pool.acquire()
+        if slot is None:
+            raise EngineFullError(f"all {len(engine.pool)} session slots are taken")
+        self._slot = slot
         self._conversation: Conversation | None = None
-        self._answering = False
+        self._answer: Answer | None = None
+        self._answering = False  # from respond() until its answer is over
         self._buffered: list[tuple[np.ndarray, float | None]] = []  # audio pushed while an answer is being made
-        self._interrupt: int | None = None
+        self._interrupt: int | None = None  # a cancel that came before the answer started
         self.closed = False
+        # A session dropped without close() still gives its slot back.
+        self._release = weakref.finalize(self, _release_later, engine, slot)
 
     def _resolve(self, options: SessionOptions) -> SessionOptions:
         eo = self.engine.options
@@ -128,7 +170,7 @@ class Session:
 
     async def _conv(self) -> Conversation:
         if self._conversation is None:
-            self._conversation = await self.engine.run(Conversation, self.engine, self.options)
+            self._conversation = await self.engine.run(Conversation, self.engine, self._slot, self.options)
         elif self._conversation.options is not self.options:
             await self.engine.run(self._conversation.apply, self.options)
         return self._conversation
@@ -149,6 +191,24 @@ class Session:
             return
         conv = await self._conv()
         await self.engine.run(conv.add_audio, samples, at)
+
+    async def push_text(self, text: str) -> None:
+        """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole
+        turn; `respond()` answers it. ValueError for text that is empty once tokenized."""
+        self._check_open()
+        if not isinstance(text, str):
+            raise ValueError("text must be a string")
+        if self._answering:
+            raise RuntimeError("an answer is in progress on this session: push text after it")
+        conv = await self._conv()
+        await self.engine.run(conv.add_text, text)
+
+    async def flush(self) -> None:
+        """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
+        has only what comes after to encode). No effect during an answer."""
+        self._check_open()
+        if self._conversation is not None and not self._answering:
+            await self.engine.run(self._conversation.flush)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait
@@ -183,29 +243,49 @@ class Session:
         if self._answering:
             raise RuntimeError("an answer is already in progress on this session")
         conv = await self._conv()
-        if not conv.has_audio():
-            raise ValueError("no caller audio in this turn: push at least 10 ms of audio before asking for an answer")
-        self._answering = True
+        if not conv.has_audio() and not conv.typed:
+            raise ValueError("no caller audio or text in this turn: push at least 10 ms of audio, or text, before "
+                             "asking for an answer")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event | Exception] = asyncio.Queue()
         self._interrupt = None
-        steps = conv.answer()
+        self._answering = True
+
+        def start() -> Answer:
+            answer = conv.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+            self.engine.add_answer(answer)
+            return answer
+
         try:
-            if not self.engine.options.streaming:  # the whole answer, then its audio
-                events = await self.engine.run(list, steps)
-                for event in sorted(events, key=lambda e: 2 if isinstance(e, ResponseDone) else isinstance(e, SpeechFrame)):
-                    yield event
-                return
-            while True:
-                if self._interrupt is not None:
-                    conv.interrupt(self._interrupt)
-                event = await self.engine.run(next, steps, None)
-                if event is None:
-                    return
-                yield event
-                if isinstance(event, ResponseDone):
-                    return
-        finally:
-            await self.engine.run(steps.close)
+            self._answer = await self.engine.run(start, urgent=True)
+        except BaseException:
             self._answering = False
+            raise
+        try:
+            if self._interrupt is not None:  # a cut that came while the answer was starting
+                self._answer.interrupt(self._interrupt)
+            held: list[Event] = []  # not streaming: the whole answer, then its events
+            while True:
+                event = await events.get()
+                if isinstance(event, Exception):
+                    raise event
+                if self._interrupt is not None and not isinstance(event, ResponseDone):
+                    continue  # made ahead of the cut (the worker runs ahead of playout): never heard
+                if self.engine.options.streaming:
+                    yield event
+                else:
+                    held.append(event)
+                if isinstance(event, ResponseDone):
+                    break
+            for event in sorted(held, key=lambda e: 2 if isinstance(e, ResponseDone) else isinstance(e, SpeechFrame)):
+                yield event
+        finally:
+            answer, self._answer = self._answer, None
+            self._answering = False
+            if not answer.done:  # the caller stopped listening: cut the answer, keep what was made
+                answer.interrupt(1 << 30)
+                while not isinstance(event := await events.get(), (ResponseDone, Exception)):
+                    pass
             buffered, self._buffered = self._buffered, []
             for samples, at in buffered:
                 await self.engine.run(conv.add_audio, samples, at)
@@ -214,21 +294,36 @@ class Session:
         """Barge-in: stop the answer within one frame. `frames_played` is how many frames the caller heard (the
         history keeps only their text); None keeps everything made so far. After `respond()` has finished (the
         answer was made faster than it was played), the history of the latest answer is trimmed the same way."""
+        played = frames_played if frames_played is not None else 1 << 30
         if self._answering:
-            self._interrupt = frames_played if frames_played is not None else 1 << 30
+            self._interrupt = played
+            if self._answer is not None:
+                self._answer.interrupt(played)
         elif frames_played is not None and self._conversation is not None and not self.closed:
             await self.engine.run(self._conversation.trim_last_answer, frames_played)
 
     async def close(self) -> None:
+        """End the call: its answer stops, and its slot goes back to the engine."""
         if self.closed:
             return
         self.closed = True
-        self._interrupt = 0
-        self._conversation = None  # caches are freed with it
+        if self._answer is not None:
+            self._answer.interrupt(0)
+        self._release.detach()
+        await self.engine.run(self.engine.release, self._slot)
+        self._conversation = None
 
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this session is closed")
+
+
+def _release_later(engine: Engine, slot: Slot) -> None:
+    """A session was dropped without `close()`: give its slot back on the worker."""
+    try:
+        engine._worker.submit(lambda: engine.release(slot))
+    except RuntimeError:  # the engine is closed
+        pass
 
 
 def _check_time(at: float) -> float:

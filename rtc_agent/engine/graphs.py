@@ -1,8 +1,9 @@
 """CUDA-graphed decode steps: each step's hundreds of small kernels replayed as one graph launch.
 
 A captured step reads its inputs from static tensors and writes its outputs to static tensors; the KV cache
-position comes from `StaticKVCache.position`, set before each replay. One graph per session and stack: a graph is
-bound to the cache buffers it was captured with.
+position comes from `StaticKVCache.position`, set before each replay. A graph is bound to the cache buffers it
+was captured with: the engine captures them once at start-up, per session slot (prefills) or per batch size
+(decode steps over the slots' rows), and never again.
 """
 from __future__ import annotations
 
@@ -14,15 +15,20 @@ from .kv_cache import StaticKVCache
 
 
 class CapturedStep:
-    """`fn(*inputs)` captured once; calling the object copies new inputs in and replays."""
+    """`fn(*inputs)` captured once; calling the object copies new inputs in and replays. With `graph` False (the
+    CPU) it calls `fn` directly: the same step runs eagerly, so CPU tests run the code the GPU graphs run."""
 
     def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *example_inputs: torch.Tensor,
-                 stream: torch.cuda.Stream | None = None):
+                 stream: torch.cuda.Stream | None = None, graph: bool = True):
         """`stream`: capture on this stream (by default the library's one capture stream). Graphs that replay at
         the same time on different streams must be captured on different streams: cuBLAS keeps one workspace per
         stream, and two graphs captured on one stream would share it."""
+        self.fn = fn
+        self.graph = None
+        if not graph:
+            return
         self.inputs = [x.clone() for x in example_inputs]
-        side = stream or torch.cuda.Stream()
+        side = stream or _warmup_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up runs (library workspaces, lazy init) stay out of the graph
             for _ in range(2):
@@ -36,10 +42,24 @@ class CapturedStep:
         self.graph.replay()
 
     def __call__(self, *inputs: torch.Tensor):
+        if self.graph is None:
+            return self.fn(*inputs)
         for static, value in zip(self.inputs, inputs):
             static.copy_(value)
         self.graph.replay()
         return self.outputs
+
+
+def _warmup_stream() -> torch.cuda.Stream:
+    """One stream for every capture's warm-up runs. (A new `torch.cuda.Stream()` per capture would cycle through
+    torch's pool of 32 streams, hundreds of times over with many session slots, and land on streams in use.)"""
+    global _WARMUP_STREAM
+    if _WARMUP_STREAM is None:
+        _WARMUP_STREAM = torch.cuda.Stream()
+    return _WARMUP_STREAM
+
+
+_WARMUP_STREAM: torch.cuda.Stream | None = None
 
 
 class HostCopy:
@@ -52,7 +72,8 @@ class HostCopy:
         self.event = torch.cuda.Event() if cuda else None
 
     def start(self, value: torch.Tensor) -> None:
-        self.host.copy_(value, non_blocking=self.event is not None)
+        """Queue the copy of `value` (the shape of `host`, or its first rows)."""
+        self.host[:value.shape[0]].copy_(value, non_blocking=self.event is not None)
         if self.event is not None:
             self.event.record()
 
@@ -60,6 +81,27 @@ class HostCopy:
         if self.event is not None:
             self.event.synchronize()
         return self.host
+
+
+class DeviceCopy:
+    """Small host values sent to the device without waiting for the work queued before them (a plain copy from
+    pageable memory would synchronise the stream): fill `host` (pinned), then `send` queues the copy."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(shape, dtype=dtype, pin_memory=cuda)
+        self.device = torch.zeros(shape, dtype=dtype, device=device)
+        self.event = torch.cuda.Event() if cuda else None
+
+    def send(self) -> torch.Tensor:
+        self.device.copy_(self.host, non_blocking=self.event is not None)
+        if self.event is not None:  # `host` may be rewritten only once the copy has read it (`wait_sent`)
+            self.event.record()
+        return self.device
+
+    def wait_sent(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
 
 
 PREFILL_GRAPH_POSITIONS = 32  # one graphed prefill covers a 1 s audio chunk (13 tokens) plus turn markers

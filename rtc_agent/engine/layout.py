@@ -74,11 +74,12 @@ class TurnLayout:
         self._audio(piece, end - self.audio_tokens)
         return piece
 
-    def closing(self, trailer: list[int]) -> Piece:
-        """The end of the audio block and of the turn, then `trailer` (the assistant's header)."""
+    def closing(self, trailer: list[int], typed: list[int] = ()) -> Piece:
+        """The end of the audio block, the caller's `typed` text ids, the end of the turn, then `trailer` (the
+        assistant's header)."""
         i, piece = self.ids, Piece()
         self._text(piece, [i.audio_end, i.vision_end] if self.video else [i.audio_end])
-        self._text(piece, [i.im_end, i.newline, *trailer])
+        self._text(piece, [*typed, i.im_end, i.newline, *trailer])
         return piece
 
     def _text(self, piece: Piece, ids: list[int]) -> None:

@@ -20,8 +20,8 @@ Every intermediate is rounded to the model dtype where the library rounds it (ma
 product, the routing-weight scale, the shared-expert gate), so results differ from the library only by fp32
 summation order inside dot products: most elements are bit-identical, the rest one bf16 step away.
 
-Where: `install(model)` patches the MoE blocks' `forward`; the fast path is taken only for one position
-(T == 1) on CUDA with Triton present; prefill, the CPU and anything else call the library's forward unchanged.
+Where: `install(model)` patches the MoE blocks' `forward`; the fast path is taken only for one position per row
+(a decode step, one row per session, up to `MAX_DECODE_ROWS` rows) on CUDA with Triton present; prefill, the CPU and anything else call the library's forward unchanged.
 `experts_torch` is the experts' math in plain PyTorch (gather + bmm), a reference for the CPU test; the Triton
 kernels themselves are tested on the CPU under Triton's interpreter (tests/test_moe.py).
 """
@@ -79,10 +79,14 @@ def _supported(block: nn.Module) -> bool:
         and experts_count & (experts_count - 1) == 0
 
 
+MAX_DECODE_ROWS = 32  # a batched decode step of up to this many sessions (one position each) takes the fused path
+
+
 def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Forward of a patched MoE block: the fused path for one CUDA position, the library's otherwise."""
-    if not (self._fast_path and hidden_states.is_cuda and hidden_states.shape[0] * hidden_states.shape[1] == 1
-            and _KERNELS is not None):
+    """Forward of a patched MoE block: the fused path for one CUDA position per row (a decode step, batched over
+    sessions), the library's otherwise."""
+    if not (self._fast_path and hidden_states.is_cuda and hidden_states.shape[1] == 1
+            and hidden_states.shape[0] <= MAX_DECODE_ROWS and _KERNELS is not None):
         return self._library_forward(hidden_states)
     return fused_forward(self, hidden_states)
 

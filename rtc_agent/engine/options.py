@@ -26,6 +26,7 @@ class EngineOptions:
     context_tokens: int = 8192  # Thinker KV cache per session; oldest turns are dropped beyond it
     max_answer_tokens: int = 256
     max_frames: int = 1024  # 82 s of speech
+    max_sessions: int = 0  # session slots made at start-up; 0: as many as fit in GPU memory (4 on the CPU)
     cuda_graphs: bool = True  # decode steps as CUDA graphs (GPU only)
     video_window_s: int = 30  # seconds of caller video kept in the context (one grid of tokens each); 0: no video
     video_still_threshold: float = 2.0  # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
@@ -45,6 +46,8 @@ class EngineOptions:
             raise ValueError("video_window_s must be 0 (no video) to 600 seconds")
         if self.video_still_threshold < 0:
             raise ValueError("video_still_threshold must be >= 0 (0: keep every second of video)")
+        if self.max_sessions < 0:
+            raise ValueError("max_sessions must be >= 0 (0: as many as fit)")
         if self.max_answer_tokens < 1 or self.max_frames < 1:
             raise ValueError("max_answer_tokens and max_frames must be >= 1")
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from . import fast_path
-from .kv_cache import StaticKVCache
+from .kv_cache import StaticKVCache, write_rows
 from .triton_support import rounded, tl, triton
 
 # The library's attention classes in modeling_qwen3_omni_moe: the Thinker's and Talker's text stacks, the code
@@ -86,8 +86,9 @@ def fused_attention(module: nn.Module, hidden_states: torch.Tensor, position_emb
     q, k, v = module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)
     cos, sin = position_embeddings
     norms = None if isinstance(module.q_norm, nn.Identity) else (module.q_norm, module.k_norm)
-    keys, values = cache.keys[module.layer_idx], cache.values[module.layer_idx]
-    query = rotary(q, k, v, cos, sin, norms, keys, values, cache.graph_positions)
+    query = rotary(q, k, v, cos, sin, norms, cache.keys[module.layer_idx], cache.values[module.layer_idx],
+                   cache.graph_positions)
+    keys, values = cache.graph_keys(module.layer_idx)
     interface = _attention_interface(module.config._attn_implementation)
     out, weights = interface(module, query, keys, values, attention_mask, dropout=0.0, scaling=module.scaling,
                              sliding_window=module.sliding_window, **kwargs)
@@ -112,20 +113,23 @@ def rotary_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.T
     if norms is not None:
         query, key = norms[0](query), norms[1](key)
     query, key = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
-    keys.index_copy_(2, slots, key)
-    values.index_copy_(2, slots, v.view(batch, length, -1, dim).transpose(1, 2))
+    slots = slots.expand(batch, length)
+    write_rows(keys, slots, key)
+    write_rows(values, slots, v.view(batch, length, -1, dim).transpose(1, 2))
     return query
 
 
 def rotary_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   norms: tuple[nn.Module, nn.Module] | None, keys: torch.Tensor, values: torch.Tensor,
                   slots: torch.Tensor) -> torch.Tensor:
-    """`rotary_torch` as one kernel. keys/values [B, Hk, L, D] are written at `slots` [T]."""
+    """`rotary_torch` as one kernel. keys/values [B, Hk, L, D] are written at `slots` ([T], or [B, T]: each row
+    at its own positions)."""
     batch, length, _ = q.shape
     kv_heads, cache_len, dim = keys.shape[1:]
     heads = q.shape[-1] // dim
     query = torch.empty(batch, heads, length, dim, dtype=q.dtype, device=q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    slots = slots.expand(batch, length).contiguous()
     cos, sin = cos.expand(batch, length, dim).contiguous(), sin.expand(batch, length, dim).contiguous()
     if norms is None:
         q_weight = k_weight = cos  # placeholders, never read
@@ -167,7 +171,7 @@ if triton is not None:
                       values_ptr, eps, length, cache_len, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
                       NORM: tl.constexpr):
         """Program (b, t, head) of B x T x (HQ + HK): a query head goes to query [B, HQ, T, D]; a key head goes to
-        keys [B, HK, L, D] at slot slots[t], and takes its v row along to values."""
+        keys [B, HK, L, D] at slot slots[b, t], and takes its v row along to values."""
         pid = tl.program_id(0)
         head = pid % (HQ + HK)
         bt = pid // (HQ + HK)
@@ -182,7 +186,7 @@ if triton is not None:
         else:
             kv = head - HQ
             out1, out2 = _normed_rotated(k_ptr + (bt * HK + kv) * D, kw_ptr, cos_row, sin_row, eps, dtype, D, NORM)
-            slot = tl.load(slots_ptr + t)
+            slot = tl.load(slots_ptr + bt)
             cache_row = ((b * HK + kv) * cache_len + slot) * D
             dest = keys_ptr + cache_row
             v_row = v_ptr + (bt * HK + kv) * D

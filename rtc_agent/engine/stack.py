@@ -28,7 +28,8 @@ def explicit_positions(positions: np.ndarray | None, cache: StaticKVCache) -> to
 def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrope: bool,
               capture_layer: int | None = None, graph_mode: bool = False, positions: torch.Tensor | None = None,
               deepstack: tuple[torch.Tensor, list[torch.Tensor]] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Append `embeds` [1, T, hidden] at the end of `cache`.
+    """Append `embeds` [batch, T, hidden] at the end of `cache` (batch 1 unless `graph_mode`: a batched step,
+    each row at its own `cache.position`).
 
     Rotary positions are `positions` [3, T] (TMRoPE: time, height, width) where given, and otherwise sequential
     from `cache.next_position`; after explicit positions the next sequential one is the last token's largest + 1,
@@ -46,7 +47,7 @@ def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrop
         if positions is not None or deepstack is not None:
             raise ValueError("explicit positions and deepstack features are not captured in graphs")
         slots, mask = cache.graph_step(count)
-        rope = (slots + cache.rope_delta_tensor)[None]
+        rope = slots + cache.rope_delta_tensor[:, None]  # [batch, count]: each row at its own position
     else:
         rope = torch.arange(count, device=embeds.device)[None] + cache.next_position
         mask = cache.attention_mask(count, embeds.device)
@@ -54,7 +55,7 @@ def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrop
     if positions is not None:
         rope = positions.to(embeds.device)[:, None]
     elif mrope:
-        rope = rope[None].expand(3, -1, -1)
+        rope = rope[None].expand(3, *rope.shape)
     position_embeddings = model.rotary_emb(embeds, rope)
     hidden, captured = embeds, (embeds if capture_layer == 0 else None)
     for index, layer in enumerate(model.layers):

@@ -1,125 +1,210 @@
-"""The Talker side of one session: its KV cache, the user parts it keeps across turns, and one frame per step
-(code 0 from the Talker, codes 1-15 from the code predictor)."""
+"""The Talker side of every session slot: the Talker's and code predictor's KV caches (one row a slot), the user
+parts each slot keeps across turns, and one frame per step for a batch of slots (code 0 from the Talker, codes
+1-15 from the code predictor)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .graphs import CapturedStep, HostCopy, PaddedPrefill, replay_at
+from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_noise
 from .stack import explicit_positions, run_stack
 
 
-class TalkerState:
-    """On the GPU a frame never waits on the host: code 0 is chosen on the device (its repetition penalty reads a
+class Talker:
+    """Batched state and steps. Row b of every buffer belongs to slot b; a batched step runs over the first
+    `rows` slots, and rows that take no part (`active` False) write to their cache's scratch position and keep
+    their state.
+
+    On the GPU a frame never waits on the host: code 0 is chosen on the device (its repetition penalty reads a
     device mask of the codes chosen so far), the code predictor reads it from there, and the frame's codes feed
     Code2Wav and the next Talker step as a device tensor. Code 0 travels to the host beside that work
-    (`code0_value`), for the end-of-speech check."""
+    (`code0_values`), for the end-of-speech check."""
 
-    def __init__(self, model, max_len: int, graphs: bool = False, fused_sampling: bool = False) -> None:
+    def __init__(self, model, slots: int, max_len: int, graphs: bool = False, fused_sampling: bool = False) -> None:
         self.talker = model.talker
         self.config = model.config.talker_config
         param = next(self.talker.parameters())
-        self.cache = StaticKVCache.for_config(self.config.text_config, max_len, param.dtype, param.device)
+        self.device = param.device
+        self.cache = StaticKVCache.for_config(self.config.text_config, max_len, param.dtype, param.device, batch=slots)
         predictor = self.talker.code_predictor
         self.predictor_cache = StaticKVCache.for_config(predictor.config, self.config.num_code_groups + 1,
-                                                        param.dtype, param.device)
-        vocab = self.config.text_config.vocab_size
-        self.suppress = torch.zeros(1, vocab, dtype=torch.bool, device=param.device)  # codes never chosen as code 0
-        self.suppress[0, vocab - 1024:] = True
+                                                        param.dtype, param.device, batch=slots)
+        self.vocab = self.config.text_config.vocab_size
+        self.residual_vocab = self.config.code_predictor_config.vocab_size
+        self.suppress = torch.zeros(1, self.vocab, dtype=torch.bool, device=param.device)  # never chosen as code 0
+        self.suppress[0, self.vocab - 1024:] = True
         self.suppress[0, self.config.codec_eos_token_id] = False
-        self.seen = torch.zeros_like(self.suppress)  # code 0s of this answer: the repetition penalty's history
-        self.user_length = 0  # positions of the cache that hold user parts (kept across turns)
-        self.last_hidden: torch.Tensor | None = None  # [1, 1, hidden] output at the last position
-        self._code0 = HostCopy((1, 1), torch.long, param.device)
-        self._no_noise = {n: torch.zeros(n, device=param.device) for n in (vocab, self._residual_noise_size())}
-        self._steps: dict[Sampling, CapturedStep] = {}
-        self._prefill: PaddedPrefill | None = None
-        self._predictor_graphs: dict[Sampling, CapturedStep] = {}
+        self.seen = torch.zeros(slots, self.vocab, dtype=torch.bool, device=param.device)  # repetition history
+        hidden = self.config.text_config.hidden_size
+        self.last_hidden = param.new_zeros(slots, 1, hidden)  # each row's Talker output at its last position
+        self.code0 = torch.zeros(slots, 1, dtype=torch.long, device=param.device)  # each row's latest code 0
+        self._code0_host = HostCopy((slots, 1), torch.long, param.device)
+        self._step_inputs = DeviceCopy((3, slots), torch.long, param.device)  # a step's positions, deltas, active
         self.graphs = graphs
         self.fused_sampling = fused_sampling  # draws with sampling.sample_triton (CUDA)
-        if graphs:
-            self._prefill = PaddedPrefill(lambda e: self._talker_logits(e, graph_mode=True), self.cache,
-                                          self.config.text_config.hidden_size, param.dtype)
+        self._views: dict[int, tuple[StaticKVCache, StaticKVCache]] = {}  # rows -> (talker, predictor) caches
+        self._steps: dict[tuple[int, Sampling], CapturedStep] = {}
+        self._predictors: dict[tuple[int, Sampling], CapturedStep] = {}
+        self.rows = [TalkerRow(self, index) for index in range(slots)]
 
-    def _residual_noise_size(self) -> int:
-        return (self.config.num_code_groups - 1) * self.config.code_predictor_config.vocab_size
+    def capture(self, rows: int, talker_sampling: Sampling, predictor_sampling: Sampling) -> None:
+        """The steps of a batch of `rows` slots under these sampling settings (CUDA graphs on the GPU)."""
+        self._step_for(rows, talker_sampling)
+        self._predictor_for(rows, predictor_sampling)
 
-    def capture(self, talker_sampling: Sampling, predictor_sampling: Sampling) -> None:
-        """CUDA graphs for one frame under these sampling settings: the Talker step with its code-0 choice, and
-        all 15 code-predictor steps with theirs."""
-        self._captured_step(talker_sampling)
-        self._captured_predictor(predictor_sampling)
+    def _view(self, rows: int) -> tuple[StaticKVCache, StaticKVCache]:
+        if rows not in self._views:
+            self._views[rows] = (self.cache.batch_view(rows), self.predictor_cache.batch_view(rows))
+        return self._views[rows]
 
-    def _captured_step(self, sampling: Sampling) -> CapturedStep:
-        if sampling not in self._steps:
+    def _step_for(self, rows: int, sampling: Sampling) -> CapturedStep:
+        key = (rows, sampling)
+        if key not in self._steps:
             groups, hidden = self.config.num_code_groups, self.config.text_config.hidden_size
-            codes = torch.zeros(groups, dtype=torch.long, device=self.suppress.device)
-            text = self.cache.keys[0].new_zeros(1, 1, hidden)
-            seen = self.seen.clone()
-            self.cache.position.fill_(self.cache.length)  # the capture's writes land past the context: scratch
-            self._steps[sampling] = CapturedStep(
-                lambda c, t, n: self._frame_step(c, t, n, sampling, graph_mode=True), codes, text,
-                self._no_noise[self.suppress.shape[1]])
-            self.seen.copy_(seen)
-        return self._steps[sampling]
+            cache, _ = self._view(rows)
+            cache.position.fill_(cache.scratch)  # the capture's writes land in the scratch position
+            saved = (self.seen.clone(), self.last_hidden.clone(), self.code0.clone())
+            self._steps[key] = CapturedStep(
+                lambda c, t, n, a: self._frame_step(cache, c, t, n, a, sampling),
+                torch.zeros(rows, groups, dtype=torch.long, device=self.device), self.last_hidden.new_zeros(rows, 1, hidden),
+                torch.zeros(rows, self.vocab, device=self.device), torch.zeros(rows, dtype=torch.bool, device=self.device),
+                graph=self.graphs)
+            for buffer, value in zip((self.seen, self.last_hidden, self.code0), saved):
+                buffer.copy_(value)
+        return self._steps[key]
 
-    def _captured_predictor(self, sampling: Sampling) -> CapturedStep:
-        if sampling not in self._predictor_graphs:
-            hidden = self.cache.keys[0].new_zeros(1, 1, self.config.text_config.hidden_size)
-            code0 = torch.zeros(1, 1, dtype=torch.long, device=hidden.device)
-            self._predictor_graphs[sampling] = CapturedStep(
-                lambda h, c, n: self._predict(h, c, sampling, n, graph_mode=True), hidden, code0,
-                self._no_noise[self._residual_noise_size()])
-        return self._predictor_graphs[sampling]
+    def _predictor_for(self, rows: int, sampling: Sampling) -> CapturedStep:
+        key = (rows, sampling)
+        if key not in self._predictors:
+            _, cache = self._view(rows)
+            noise = torch.zeros(rows, (self.config.num_code_groups - 1) * self.residual_vocab, device=self.device)
+            self._predictors[key] = CapturedStep(lambda n: self._predict(cache, rows, n, sampling), noise,
+                                                 graph=self.graphs)
+        return self._predictors[key]
+
+    def _talker_logits(self, cache: StaticKVCache, embeds: torch.Tensor, graph_mode: bool = False,
+                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, _ = run_stack(self.talker.model, embeds, cache, mrope=True, graph_mode=graph_mode, positions=positions)
+        return hidden, self.talker.codec_head(hidden)
+
+    def choose_code0(self, logits: torch.Tensor, sampling: Sampling, noise: torch.Tensor, seen: torch.Tensor,
+                     active: torch.Tensor | None = None) -> torch.Tensor:
+        """Code 0 [rows, 1] from the Talker's logits at one position per row, on the device; it joins the
+        repetition history `seen` of the rows that are `active` (all where None)."""
+        code0 = choose(logits, sampling, seen=seen, suppress=self.suppress, noise=noise,
+                       fused=self.fused_sampling).view(-1, 1)
+        mark = seen.gather(1, code0) | (True if active is None else active[:, None])
+        seen.scatter_(1, code0, mark)
+        return code0
+
+    def _frame_step(self, cache: StaticKVCache, codes: torch.Tensor, text: torch.Tensor, noise: torch.Tensor,
+                    active: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+        """Each row's last frame codes [rows, 16] plus one text position [rows, 1, hidden] in; each active row's
+        last hidden state and code 0 updated in place."""
+        rows = codes.shape[0]
+        hidden, logits = self._talker_logits(cache, self.codec_embedding_sum(codes) + text, graph_mode=True)
+        code0 = self.choose_code0(logits[:, -1], sampling, noise, self.seen[:rows], active)
+        self.last_hidden[:rows].copy_(torch.where(active[:, None, None], hidden[:, -1:], self.last_hidden[:rows]))
+        self.code0[:rows].copy_(torch.where(active[:, None], code0, self.code0[:rows]))
+        return self.code0[:rows]
+
+    def _predict(self, cache: StaticKVCache, rows: int, noise: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+        """Codes 1..15 [rows, 15] from each row's last hidden state and code 0: step 0 reads [hidden, embed(code
+        0)], step g reads codec_embedding[g-1](code g); each step has its own lm_head."""
+        predictor = self.talker.code_predictor
+        noise = noise.view(rows, self.config.num_code_groups - 1, -1)
+        code, codes = self.code0[:rows], []
+        for group in range(self.config.num_code_groups - 1):
+            if group == 0:
+                embeds = torch.cat((self.last_hidden[:rows], self.talker.get_input_embeddings()(code)), dim=1)
+            else:
+                embeds = predictor.model.codec_embedding[group - 1](code)
+            cache.position.fill_(0 if group == 0 else group + 1)
+            hidden, _ = run_stack(predictor.model, embeds, cache, mrope=False, graph_mode=True)
+            code = choose(predictor.lm_head[group](hidden[:, -1]), sampling, noise=noise[:, group],
+                          fused=self.fused_sampling).view(rows, 1)
+            codes.append(code)
+        return torch.cat(codes, dim=1)
+
+    def frame_codes(self, rows: int, sampling: Sampling, noise: torch.Tensor) -> torch.Tensor:
+        """All 16 codes [rows, 16] (on the device) of the frames whose code 0 each of the first `rows` rows holds.
+        `noise` [rows, 15 * vocab]: Gumbel noise of the draws (zeros for greedy rows)."""
+        residual = self._predictor_for(rows, sampling)(noise)
+        return torch.cat((self.code0[:rows], residual), dim=1)
+
+    def step(self, rows: list[int | None], codes: torch.Tensor, text: torch.Tensor, sampling: Sampling,
+             noise: torch.Tensor) -> None:
+        """One Talker step for a batch: `rows[i]` is the `TalkerRow` index stepping in row i (None: row i sits
+        this step out). Each stepping row's code 0 and last hidden state are updated on the device."""
+        count = len(rows)
+        cache, _ = self._view(count)
+        step = self._step_for(count, sampling)  # (a capture sets the positions: before they are filled in)
+        self._step_inputs.wait_sent()
+        host = self._step_inputs.host
+        host[0], host[1], host[2] = self.cache.scratch, 0, 0  # rows sitting out: scratch position, inactive
+        for i, index in enumerate(rows):
+            if index is not None:
+                row = self.rows[index].cache
+                row.begin(1)
+                host[0, i], host[1, i], host[2, i] = row.length, row.rope_delta, 1
+        inputs = self._step_inputs.send()
+        cache.position.copy_(inputs[0, :count])
+        cache.rope_delta_tensor.copy_(inputs[1, :count])
+        step(codes, text, noise, inputs[2, :count].bool())
+        for index in rows:
+            if index is not None:
+                self.rows[index].cache.commit()
+        self.start_code0_copy()
+
+    def start_code0_copy(self) -> None:
+        self._code0_host.start(self.code0)
+
+    def code0_values(self) -> torch.Tensor:
+        """Every row's latest code 0 on the host [slots]; waits for the latest step only, not for work queued
+        after it."""
+        return self._code0_host.get().view(-1)
+
+    def noise(self, sampling: Sampling, size: int, generator: torch.Generator | None) -> torch.Tensor:
+        """Gumbel noise [size] for one row's draw; zeros for a greedy row or a row sitting the step out (None),
+        whose argmax then is the greedy one."""
+        if sampling.greedy or generator is None:
+            return torch.zeros(size, device=self.device)
+        return gumbel_noise((size,), generator, self.device)
+
+    def codec_embedding_sum(self, codes: torch.Tensor) -> torch.Tensor:
+        """Sum of the 16 codebook embeddings of each row's frame (codes [rows, 16]) [rows, 1, hidden], the
+        Talker's input for the next step."""
+        ids = codes[:, :, None]  # [rows, 16, 1]
+        parts = [self.talker.get_input_embeddings()(ids[:, 0])]
+        parts += [emb(ids[:, g + 1]) for g, emb in enumerate(self.talker.code_predictor.model.codec_embedding)]
+        return torch.cat(parts, dim=1).sum(1, keepdim=True)
+
+
+class TalkerRow:
+    """One slot's Talker context: its cache row, the user parts it keeps across turns, its answer's prefix."""
+
+    def __init__(self, talker: Talker, index: int) -> None:
+        self.talker, self.index = talker, index
+        self.cache = talker.cache.row(index)
+        self.user_length = 0  # positions of the cache that hold user parts (kept across turns)
+        self._prefill: PaddedPrefill | None = None
+        if talker.graphs:
+            self._prefill = PaddedPrefill(lambda e: talker._talker_logits(self.cache, e, graph_mode=True), self.cache,
+                                          talker.config.text_config.hidden_size, talker.last_hidden.dtype)
 
     def _run(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Talker layers over `embeds` at the end of the cache (at TMRoPE `positions` if given), through a graph
         where one fits."""
         if positions is None and self._prefill is not None and self._prefill.fits(embeds.shape[1]):
             return self._prefill(embeds)
-        return self._talker_logits(embeds, positions=positions)
+        return self.talker._talker_logits(self.cache, embeds, positions=positions)
 
-    def _talker_logits(self, embeds: torch.Tensor, graph_mode: bool = False,
-                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, _ = run_stack(self.talker.model, embeds, self.cache, mrope=True, graph_mode=graph_mode,
-                              positions=positions)
-        return hidden, self.talker.codec_head(hidden)
-
-    def _choose_code0(self, logits: torch.Tensor, sampling: Sampling, noise: torch.Tensor) -> torch.Tensor:
-        """Code 0 [1, 1] from the Talker's logits at one position, on the device; it joins the penalty's history."""
-        code0 = choose(logits, sampling, seen=self.seen, suppress=self.suppress, noise=noise.view(1, -1),
-                       fused=self.fused_sampling).view(1, 1)
-        self.seen.scatter_(1, code0, True)
-        return code0
-
-    def _frame_step(self, codes: torch.Tensor, text: torch.Tensor, noise: torch.Tensor, sampling: Sampling,
-                    graph_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last frame's codes [16] plus one text position in; the last hidden state and code 0 out."""
-        hidden, logits = self._talker_logits(self.codec_embedding_sum(codes) + text, graph_mode=graph_mode)
-        return hidden, self._choose_code0(logits[:, -1], sampling, noise)
-
-    def _predict(self, last_hidden: torch.Tensor, code0: torch.Tensor, sampling: Sampling, noise: torch.Tensor,
-                 graph_mode: bool = False) -> torch.Tensor:
-        """Codes 1..15 [15] from the Talker's last hidden state and code 0: step 0 reads [hidden, embed(code 0)],
-        step g reads codec_embedding[g-1](code g); each step has its own lm_head."""
-        predictor, cache = self.talker.code_predictor, self.predictor_cache
-        noise = noise.view(self.config.num_code_groups - 1, -1)
-        cache.crop(0)
-        code, codes = code0, []
-        for group in range(self.config.num_code_groups - 1):
-            if group == 0:
-                embeds = torch.cat((last_hidden, self.talker.get_input_embeddings()(code)), dim=1)
-            else:
-                embeds = predictor.model.codec_embedding[group - 1](code)
-            if graph_mode:
-                cache.position.fill_(0 if group == 0 else group + 1)
-            hidden, _ = run_stack(predictor.model, embeds, cache, mrope=False, graph_mode=graph_mode)
-            code = choose(predictor.lm_head[group](hidden[:, -1]), sampling, noise=noise[group:group + 1],
-                          fused=self.fused_sampling).view(1, 1)
-            codes.append(code)
-        return torch.cat(codes, dim=1)[0]
+    def reset(self) -> None:
+        """Forget everything (the slot's call ended)."""
+        self.cache.crop(0)
+        self.user_length = 0
 
     def next_user_position(self) -> int:
         """Rotary position where the next user part goes (the assistant part of an answer is dropped first)."""
@@ -135,65 +220,24 @@ class TalkerState:
 
     def end_answer(self) -> None:
         self.cache.crop(self.user_length)
-        self.last_hidden = None
 
     def start_answer(self, role_embeds: torch.Tensor, first_text: torch.Tensor, tts: dict[str, torch.Tensor],
-                     speaker_id: int, sampling: Sampling, generator) -> torch.Tensor:
-        """Prefill the 9-position assistant prefix and return code 0 of the first frame ([1, 1], on the device).
+                     speaker_id: int, sampling: Sampling, generator) -> None:
+        """Prefill the 9-position assistant prefix and choose code 0 of the first frame (on the device, in
+        `Talker.code0` of this row).
 
         Text side: the 3 role tokens, 4 x tts_pad, tts_bos, the first text token (all through text_projection).
         Codec side: zeros under the role tokens, then nothink, think_bos, think_eos, speaker, codec_pad, codec_bos.
         """
-        cfg = self.config
+        talker, cfg, b = self.talker, self.talker.config, self.index
         text = torch.cat((role_embeds, tts["pad"].expand(1, 4, -1), tts["bos"], first_text), dim=1)
         codec_ids = torch.tensor([[cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker_id,
                                    cfg.codec_pad_id, cfg.codec_bos_id]], device=text.device)
-        codec = torch.cat((text.new_zeros(1, 3, text.shape[-1]), self.talker.get_input_embeddings()(codec_ids)), dim=1)
+        codec = torch.cat((text.new_zeros(1, 3, text.shape[-1]), talker.talker.get_input_embeddings()(codec_ids)), dim=1)
         self.cache.crop(self.user_length)
-        self.seen.zero_()
+        talker.seen[b].zero_()
         hidden, logits = self._run(text + codec)
-        self.last_hidden = hidden[:, -1:].clone()
-        noise = self._noise(sampling, self.suppress.shape[1], generator)
-        return self._code0_out(self._choose_code0(logits[:, -1], sampling, noise))
-
-    def step(self, codes: torch.Tensor, text: torch.Tensor, sampling: Sampling, generator) -> torch.Tensor:
-        """One Talker step: the last frame's codes [16] plus one text position in, the next frame's code 0 out
-        ([1, 1], on the device)."""
-        noise = self._noise(sampling, self.suppress.shape[1], generator)
-        if self.graphs:
-            self.last_hidden, code0 = replay_at(self._captured_step(sampling), self.cache, 1, codes, text, noise)
-        else:
-            self.last_hidden, code0 = self._frame_step(codes, text, noise, sampling)
-        return self._code0_out(code0)
-
-    def _code0_out(self, code0: torch.Tensor) -> torch.Tensor:
-        self._code0.start(code0)
-        return code0
-
-    def code0_value(self) -> int:
-        """Code 0 of the latest step on the host; waits for that step only, not for work queued after it."""
-        return int(self._code0.get())
-
-    def frame_codes(self, code0: torch.Tensor, sampling: Sampling, generator) -> torch.Tensor:
-        """All 16 codes of the frame whose code 0 was just chosen ([16], on the device)."""
-        noise = self._noise(sampling, self._residual_noise_size(), generator)
-        if self.graphs:
-            residual = self._captured_predictor(sampling)(self.last_hidden, code0, noise)
-        else:
-            residual = self._predict(self.last_hidden, code0, sampling, noise)
-        return torch.cat((code0.view(1), residual))
-
-    def _noise(self, sampling: Sampling, size: int, generator) -> torch.Tensor:
-        """Gumbel noise [size] for the Talker's choice (one vocabulary) or the predictor's (15); zeros when greedy
-        (never read then)."""
-        if sampling.greedy:
-            return self._no_noise[size]
-        return gumbel_noise((size,), generator, self.suppress.device)
-
-    def codec_embedding_sum(self, codes: torch.Tensor) -> torch.Tensor:
-        """Sum of the 16 codebook embeddings of one frame (codes [16]) [1, 1, hidden], the Talker's input for the
-        next step."""
-        ids = codes.view(-1, 1, 1)
-        parts = [self.talker.get_input_embeddings()(ids[0])]
-        parts += [emb(ids[g + 1]) for g, emb in enumerate(self.talker.code_predictor.model.codec_embedding)]
-        return torch.cat(parts, dim=1).sum(1, keepdim=True)
+        talker.last_hidden[b].copy_(hidden[0, -1:])
+        noise = talker.noise(sampling, talker.vocab, generator)
+        talker.code0[b].copy_(talker.choose_code0(logits[:, -1], sampling, noise.view(1, -1), talker.seen[b:b + 1])[0])
+        talker.start_code0_copy()

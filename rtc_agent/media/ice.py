@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import aioice.ice
-from aiortc import RTCConfiguration, RTCIceServer
+from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy
 
 _TURN = re.compile(r"^(?P<scheme>stuns?|turns?):(?:(?P<user>[^:@/]+):(?P<password>[^@/]+)@)?(?P<rest>.+)$")
 _stock_get_host_addresses: Callable[[bool, bool], list[str]] = aioice.ice.get_host_addresses
@@ -20,8 +20,17 @@ def parse_ice_server(text: str) -> RTCIceServer:
     return RTCIceServer(urls=url, username=m["user"], credential=m["password"])
 
 
-def rtc_configuration(ice_servers: Iterable[str]) -> RTCConfiguration:
-    return RTCConfiguration(iceServers=[parse_ice_server(s) for s in ice_servers])
+def rtc_configuration(ice_servers: Iterable[str | RTCIceServer], relay_only: bool = False) -> RTCConfiguration:
+    """relay_only: use TURN relay candidates only (iceTransportPolicy "relay"), as a caller behind a strict NAT."""
+    servers = [s if isinstance(s, RTCIceServer) else parse_ice_server(s) for s in ice_servers]
+    policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
+    return RTCConfiguration(iceServers=servers, iceTransportPolicy=policy)
+
+
+def ice_servers_from_config(entries: Iterable[dict[str, Any]]) -> list[RTCIceServer]:
+    """/api/config's ice_servers (the browser's form, TURN credentials included) as aiortc servers."""
+    return [RTCIceServer(urls=e["urls"], username=e.get("username"), credential=e.get("credential"))
+            for e in entries]
 
 
 def browser_ice_servers(ice_servers: Iterable[str]) -> list[dict[str, str]]:

@@ -40,6 +40,7 @@ class Playout:
         self._finished = False
         self._gap = False  # a silence packet went out mid-answer: the next frame is late
         self.done = asyncio.Event()
+        self._changed = asyncio.Event()  # a frame was queued, or the answer finished
         self.frames_made = 0
         self.frames_sent = 0
         self.frames_late = 0  # sent after a silence packet filled its slot (the engine was slower than real time)
@@ -55,10 +56,12 @@ class Playout:
             raise ValueError(f"a speech frame is {FRAME_SAMPLES} samples, got shape {samples.shape}")
         self._frames.append(np.asarray(samples, np.float32))
         self.frames_made += 1
+        self._changed.set()
 
     def finish(self) -> None:
         """No more frames will come; `done` is set once the queued ones are sent."""
         self._finished = True
+        self._changed.set()
         if not self._frames:
             self.done.set()
 
@@ -68,10 +71,21 @@ class Playout:
         self._frames.clear()
         self.interrupted = True
         self._finished = True
+        self._changed.set()
         self.done.set()
         return self.frames_sent
 
-    def _next(self) -> np.ndarray | None:
+    @property
+    def queued(self) -> int:
+        return len(self._frames)
+
+    async def changed(self) -> None:
+        """Waits until a frame is queued or the answer finishes (for a consumer that is not clocked)."""
+        await self._changed.wait()
+        self._changed.clear()
+
+    def take(self) -> np.ndarray | None:
+        """The next frame, counted as sent; None when none is queued (mid-answer, the next one will be late)."""
         if self._frames:
             frame = self._frames.popleft()
             self.frames_sent += 1
@@ -122,30 +136,18 @@ def _silence_packet() -> bytes:
     return bytes(encoder.encode(silence))
 
 
-class OutboundAudioTrack(MediaStreamTrack):
-    """An audio track whose recv() hands aiortc one pre-encoded Opus packet at a time, in real time:
-    80 ms packets while an answer plays, 20 ms silence packets between answers."""
-
-    kind = "audio"
-    _idle_packet: bytes | None = None
+class AnswerOutput:
+    """Where a call's answers go: one Playout at a time; a new answer or a barge-in ends the one before."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._encoder = OpusEncoder()
-        self._zeros = np.zeros(FRAME_SAMPLES, np.float32)
-        if OutboundAudioTrack._idle_packet is None:
-            OutboundAudioTrack._idle_packet = _silence_packet()
         self._playout: Playout | None = None
-        self._speaking = False  # 80 ms packets: from an answer's first frame to the flush after its last
-        self._start: float | None = None
-        self._pts = 0  # RTP timestamp of the next packet
-        self.packets_sent = 0
 
     def start_playout(self) -> Playout:
         """A new answer; whatever was still queued from an earlier one is dropped."""
         if self._playout is not None and not self._playout.done.is_set():
             self._playout.interrupt()
         self._playout = Playout()
+        self._started()
         return self._playout
 
     def interrupt(self) -> Playout | None:
@@ -155,6 +157,29 @@ class OutboundAudioTrack(MediaStreamTrack):
             playout.interrupt()
             return playout
         return None
+
+    def _started(self) -> None:
+        """A new playout is current (a hook for outputs that wait for one)."""
+
+
+class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
+    """An audio track whose recv() hands aiortc one pre-encoded Opus packet at a time, in real time:
+    80 ms packets while an answer plays, 20 ms silence packets between answers."""
+
+    kind = "audio"
+    _idle_packet: bytes | None = None
+
+    def __init__(self) -> None:
+        AnswerOutput.__init__(self)
+        MediaStreamTrack.__init__(self)
+        self._encoder = OpusEncoder()
+        self._zeros = np.zeros(FRAME_SAMPLES, np.float32)
+        if OutboundAudioTrack._idle_packet is None:
+            OutboundAudioTrack._idle_packet = _silence_packet()
+        self._speaking = False  # 80 ms packets: from an answer's first frame to the flush after its last
+        self._start: float | None = None
+        self._pts = 0  # RTP timestamp of the next packet
+        self.packets_sent = 0
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
@@ -181,7 +206,7 @@ class OutboundAudioTrack(MediaStreamTrack):
     def _take(self) -> np.ndarray | None:
         """The next 80 ms of answer audio (zeros for a gap or the final flush), or None: a 20 ms idle packet."""
         playout = self._playout
-        frame = playout._next() if playout is not None else None
+        frame = playout.take() if playout is not None else None
         if playout is not None and playout.done.is_set():
             self._playout = None
         if frame is not None:

@@ -1,9 +1,12 @@
-"""The aiohttp application: routes, engine loading in the background, and `serve` (listen until a signal)."""
+"""The aiohttp application: routes, engine loading in the background, and `serve` (listen until a signal;
+SIGTERM drains: no new calls, the process ends when the last call has)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +19,16 @@ from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
 from .metrics import Metrics
 from .protocol import turn_description
+from .realtime_http import add_realtime_routes, realtime_middleware
 from .sessions import Sessions
-from .signaling import ApiError, api_errors, hang_up, offer
+from .signaling import ApiError, api_errors, hang_up, offer, session_status
 from .state import STATE, ServerState
+from .turn import turn_ice_servers
 
 log = logging.getLogger("rtc_agent.server")
 LOADER = web.AppKey("rtc_agent_loader", asyncio.Task)
-QUIET_PATHS = ("/metrics", "/healthz", "/readyz")
+QUIET_PATHS = ("/metrics", "/healthz", "/readyz", "/capacity")
+DRAIN_POLL_S = 0.5
 
 
 def create_app(settings: Settings, engine: Any = None) -> web.Application:
@@ -30,14 +36,17 @@ def create_app(settings: Settings, engine: Any = None) -> web.Application:
     use_host_addresses(settings.ice_host_addresses)
     metrics = Metrics()
     state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_errors, realtime_middleware])
     app[STATE] = state
     app.router.add_post("/api/offer", offer)
+    app.router.add_get("/api/sessions/{session_id}", session_status)
     app.router.add_delete("/api/sessions/{session_id}", hang_up)
     app.router.add_get("/api/config", client_config)
     app.router.add_route("*", "/api/{rest:.*}", api_not_found)
+    add_realtime_routes(app)  # /v1/realtime: the OpenAI Realtime API's calls, WebSocket and client secrets
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/capacity", capacity)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/", index)
     web_dir = Path(settings.web_dir)
@@ -65,7 +74,10 @@ async def _load_engine(state: ServerState) -> None:
 
             log.info("loading model %s (device %s)...", s.model, s.device)
             state.engine = await asyncio.to_thread(Engine.load, EngineOptions(model=s.model, device=s.device,
-                                                                                   video_window_s=s.video_window_s))
+                                                                                   video_window_s=s.video_window_s,
+                                                                                   max_sessions=s.max_sessions))
+        slots = state.engine.describe()["max_sessions"]
+        state.sessions.max_sessions = min(s.max_sessions, slots) if s.max_sessions else slots
         state.metrics.watch_gpu(state.engine.gpu_peak_gb)
         if not state.engine.ready:
             log.info("warming up...")
@@ -108,16 +120,30 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "loading"}, status=503)
 
 
+async def capacity(request: web.Request) -> web.Response:
+    """Can this replica take another call? 200: yes. 404: loaded, but every slot is taken or it is draining;
+    HAProxy's `http-check disable-on-404` then sends it no new offers but still the requests of calls it holds,
+    and a Kubernetes readiness probe counts it as not ready. 503: the model is not loaded (yet)."""
+    state = request.app[STATE]
+    counts = {"active": len(state.sessions), "free": max(0, state.sessions.free),
+              "max_sessions": state.sessions.max_sessions}
+    if state.can_take_call:
+        return web.json_response({"status": "available", **counts})
+    if state.ready:
+        return web.json_response({"status": "draining" if state.draining else "full", **counts}, status=404)
+    return web.json_response({"status": "failed" if state.load_error else "loading", **counts}, status=503)
+
+
 async def metrics_page(request: web.Request) -> web.Response:
     body = request.app[STATE].metrics.render()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def client_config(request: web.Request) -> web.Response:
-    """What a page needs before its offer: ICE servers (for real networks), voices, defaults."""
+    """What a page needs before its offer: ICE servers (TURN with credentials of its own), voices, defaults."""
     s = request.app[STATE].settings
     return web.json_response({
-        "ice_servers": browser_ice_servers(s.ice_servers),
+        "ice_servers": browser_ice_servers(s.ice_servers) + turn_ice_servers(s),
         "voices": list(VOICES),
         "voice": s.voice,
         "instructions": s.instructions,
@@ -132,7 +158,8 @@ async def index(request: web.Request) -> web.StreamResponse:
     page = Path(request.app[STATE].settings.web_dir) / "index.html"
     if page.is_file():
         return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
-    return web.Response(text="rtc-agent is running, but its call page (web/index.html) is missing.\n", status=404)
+    return web.Response(text="rtc-agent is running, but its call page (rtc_agent/web/index.html) is missing.\n",
+                        status=404)
 
 
 class AccessLogger(AbstractAccessLogger):
@@ -149,8 +176,16 @@ class AccessLogger(AbstractAccessLogger):
 
 
 # ---- serve --------------------------------------------------------------------------------------------------
+# The engine's worker thread needs the GIL for every kernel launch and host copy; at Python's default 5 ms switch
+# interval it waits behind the event loop (aiortc, Opus and the VAD of every call). H200, 8 callers at once: server
+# ttfp P50 925 ms at 5 ms, 542 ms at 0.5 ms (docs/PERFORMANCE.md).
+SWITCH_INTERVAL_S = 0.0005
+
+
 async def serve(settings: Settings) -> int:
-    """Runs the server until SIGINT/SIGTERM (0) or until the model fails to load (1)."""
+    """Runs the server until SIGINT, or SIGTERM and the drain that follows it (0), or until the model fails to
+    load (1)."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = create_app(settings)
     runner = web.AppRunner(app, access_log_class=AccessLogger, handle_signals=False)
     await runner.setup()
@@ -159,18 +194,31 @@ async def serve(settings: Settings) -> int:
         site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
         await site.start()
         host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
-        log.info("listening on %s://%s:%d/ (token %s, up to %d calls)", settings.scheme, host, settings.port,
-                 "required" if settings.token else "not required", settings.max_sessions)
-        stop = asyncio.Event()
+        log.info("listening on %s://%s:%d/ (token %s, up to %s calls)", settings.scheme, host, settings.port,
+                 "required" if settings.token else "not required", settings.max_sessions or "as many as fit")
+        stop, drain = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopping, app[LOADER]], return_when=asyncio.FIRST_COMPLETED)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, drain.set)
+        stopping, draining = asyncio.create_task(stop.wait()), asyncio.create_task(drain.wait())
+        await asyncio.wait([stopping, draining, app[LOADER]], return_when=asyncio.FIRST_COMPLETED)
         failed = app[LOADER].done() and not app[LOADER].cancelled() and app[LOADER].exception() is not None
         if not failed:
-            await stopping
+            await asyncio.wait([stopping, draining], return_when=asyncio.FIRST_COMPLETED)
+            if drain.is_set() and not stop.is_set():
+                await _drain(app[STATE], stop)
+        stopping.cancel(), draining.cancel()
         log.info("shutting down")
         return 1 if failed else 0
     finally:
         await runner.cleanup()
+
+
+async def _drain(state: ServerState, stop: asyncio.Event) -> None:
+    """No new calls; wait for the calls in progress to end (at most drain_timeout_s, or until SIGINT)."""
+    state.draining = True
+    log.info("draining: no new calls; waiting for %d call(s) to end (at most %g s)", len(state.sessions),
+             state.settings.drain_timeout_s)
+    deadline = time.monotonic() + state.settings.drain_timeout_s
+    while len(state.sessions) and time.monotonic() < deadline and not stop.is_set():
+        await asyncio.sleep(DRAIN_POLL_S)

@@ -29,6 +29,7 @@ class Offer:
     sdp: str
     voice: str | None
     instructions: str | None
+    resume_token: str | None = None  # a call's token from session.created: a new connection for that call
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,11 @@ def parse_offer(body: Any) -> Offer:
         raise ProtocolError("invalid_value", 'type must be "offer"')
     if not isinstance(sdp, str) or not sdp.startswith("v=0"):
         raise ProtocolError("invalid_value", "sdp must be an SDP offer")
-    return Offer(sdp=sdp, voice=_voice(body.get("voice")), instructions=_instructions(body.get("instructions")))
+    resume = body.get("resume_token")
+    if resume is not None and (not isinstance(resume, str) or not 0 < len(resume) <= 128):
+        raise ProtocolError("invalid_value", "resume_token must be the token from session.created")
+    return Offer(sdp=sdp, voice=_voice(body.get("voice")), instructions=_instructions(body.get("instructions")),
+                 resume_token=resume)
 
 
 # session.update's turn_detection <-> TurnSettings

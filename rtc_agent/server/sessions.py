@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import secrets
@@ -21,6 +22,7 @@ from ..media.video import sample_video
 from .metrics import Metrics
 from .protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, error_event, parse_client_message,
                        turn_description)
+from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
 FIRST_AUDIO_TIMEOUT_S = 8.0  # ICE and DTLS must be through by then (a failed ICE is freed within 10 s)
@@ -35,12 +37,17 @@ class EventChannel:
         self._pending: list[str] = []
 
     def attach(self, channel: RTCDataChannel, on_message: Callable[[Any], None]) -> None:
+        """Sends on `channel` from now on (a resumed call attaches its new peer connection's channel)."""
         self._channel = channel
         channel.on("message", on_message)
         if channel.readyState == "open":
             self._flush()
         else:
             channel.on("open", self._flush)
+
+    def detach(self) -> None:
+        """The connection died: what is sent until a channel is attached again waits for it."""
+        self._channel = None
 
     def send(self, message: dict[str, Any]) -> None:
         text = json.dumps(message, separators=(",", ":"))
@@ -58,10 +65,16 @@ class EventChannel:
 
 
 class CallSession:
+    """One call. Its peer connection may change: when the connection dies (no audio for `peer_timeout_s`, or
+    ICE failed) the call is parked for `resume_window_s` with its conversation and engine session intact, and
+    an offer carrying the call's resume token attaches a new peer connection to it (aiortc has no ICE restart)."""
+
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
-                 on_closed: Callable[["CallSession"], None], end_of_turn: EndOfTurnScorer | None = None) -> None:
+                 on_closed: Callable[["CallSession"], None], realtime: bool = False,
+                 end_of_turn: EndOfTurnScorer | None = None) -> None:
         self.id = "sess_" + secrets.token_urlsafe(9)
+        self.resume_token = secrets.token_urlsafe(24)
         self.settings = settings
         self.pc = pc
         self.metrics = metrics
@@ -74,15 +87,38 @@ class CallSession:
         self._on_closed = on_closed
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
-        self.conversation = Conversation(engine_session, self.track, self.events.send, vad, settings.turn,
+        self._expiry: asyncio.Task[None] | None = None  # while parked: ends the call when nobody resumes it
+        self._retired: set[asyncio.Task[None]] = set()  # old peer connections being closed
+        # a Realtime API client (/v1/realtime/calls) gets the Realtime events on "oai-events"; our page, ours
+        self.realtime = RealtimeEvents(self.events.send, "webrtc", self.id, describe.get("model"), voice,
+                                       instructions) if realtime else None
+        send = self.realtime.conversation_event if self.realtime else self.events.send
+        self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
                                          on_answer=self._answered, end_of_turn=end_of_turn)
-        pc.on("datachannel", self._on_datachannel)
-        pc.on("track", self._on_track)
-        pc.on("connectionstatechange", self._on_connection_state)
+        if self.realtime:
+            self.realtime.bind(self.conversation)
+        self._wire(pc)
+
+    @property
+    def parked(self) -> bool:
+        return self._expiry is not None
+
+    @property
+    def closing(self) -> bool:
+        return self._closing is not None
 
     # ---- wiring -------------------------------------------------------------------------------------------
+    def _wire(self, pc: RTCPeerConnection) -> None:
+        """Listens to `pc`; its events stop counting once the call has moved on to another peer connection."""
+        pc.on("datachannel", lambda channel: pc is self.pc and self._on_datachannel(channel))
+        pc.on("track", lambda track: pc is self.pc and self._on_track(track))
+        pc.on("connectionstatechange", lambda: pc is self.pc and self._on_connection_state())
+
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label == "events":
+        if self.realtime is not None and channel.label == "oai-events":
+            self.events.attach(channel, self.realtime.receive)
+            self.realtime.opened()
+        elif self.realtime is None and channel.label == "events":
             self.events.attach(channel, self._on_message)
             self.events.send({"type": "session.created", "session": self.description()})
 
@@ -99,7 +135,7 @@ class CallSession:
         if state == "closed":  # the caller closed its peer connection: a hang-up, whether or not a DELETE comes
             self.close("hung up")
         elif state == "failed":
-            self.close("peer gone (connection failed)")
+            self.lose("connection failed")
 
     def _on_image(self, image: np.ndarray) -> None:
         self.metrics.video_frames_sampled.inc()
@@ -112,7 +148,7 @@ class CallSession:
                 self.conversation.feed(chunk)
             self.close("hung up")  # the caller's audio track ended
         except PeerSilent as exc:
-            self.close(f"peer gone ({exc})")
+            self.lose(str(exc))
 
     def _on_message(self, text: Any) -> None:
         conversation = self.conversation
@@ -147,6 +183,7 @@ class CallSession:
             "turn_detection": turn_description(self.conversation.turn),
             "input_audio": {"sample_rate": 16000, "vad": "silero"},
             "output_audio": {"codec": "opus", "packet_ms": 80, "sample_rate": 24000},
+            "resume": {"token": self.resume_token, "window_s": self.settings.resume_window_s},
         }
 
     # ---- lifetime -----------------------------------------------------------------------------------------
@@ -162,6 +199,50 @@ class CallSession:
             log.error("call %s: task %s failed: %r", self.id, task.get_name(), task.exception())
             self.close("internal error")
 
+    def lose(self, reason: str) -> None:
+        """The caller's connection died: park the call for a resume, or end it when resuming is off."""
+        if self.closing or self.parked:
+            return
+        if self.settings.resume_window_s <= 0:
+            self.close(f"peer gone ({reason})")
+            return
+        log.info("call %s: connection lost (%s); waiting %g s for a resume", self.id, reason,
+                 self.settings.resume_window_s)
+        self._drop_connection()
+        self._expiry = asyncio.ensure_future(self._expire(reason))
+
+    def _drop_connection(self) -> None:
+        """Cuts the answer in progress (nobody hears it) and lets go of the peer connection and its media."""
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        if self.conversation.answering:
+            self.conversation.cancel_response()
+        self.events.detach()
+        self.track.stop()
+        old, self.pc = self.pc, None
+        closing = asyncio.ensure_future(old.close())
+        self._retired.add(closing)
+        closing.add_done_callback(self._retired.discard)
+
+    async def _expire(self, reason: str) -> None:
+        await asyncio.sleep(self.settings.resume_window_s)
+        self._expiry = None
+        self.close(f"peer gone ({reason}), not resumed")
+
+    def resume(self, pc: RTCPeerConnection, track: OutboundAudioTrack) -> None:
+        """Goes on with a new peer connection (its offer about to be answered with `track`), same conversation."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        else:  # the old connection still looks alive to us (the caller noticed first): let it go now
+            self._drop_connection()
+        self.pc, self.track = pc, track
+        self.conversation.use_track(track)
+        self._wire(pc)
+        log.info("call %s resumed with a new peer connection", self.id)
+
     def close(self, reason: str) -> asyncio.Task[None]:
         """Ends the call (idempotent); the returned task finishes once everything is freed."""
         if self._closing is None:
@@ -170,8 +251,8 @@ class CallSession:
 
     async def _close(self, reason: str) -> None:
         current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
+        for task in [*self._tasks, self._expiry]:
+            if task is not None and task is not current:
                 task.cancel()
         try:
             await self.conversation.close()
@@ -180,7 +261,8 @@ class CallSession:
         finally:
             self.track.stop()
             try:
-                await self.pc.close()
+                if self.pc is not None:
+                    await self.pc.close()
             finally:
                 self._on_closed(self)
         ttfp = ", ".join(f"{v:.0f}" for v in self.first_packet_ms) or "-"
@@ -196,7 +278,7 @@ class Sessions:
     """The registry of calls, with the capacity limit (slots are reserved while an offer is being answered)."""
 
     def __init__(self, max_sessions: int, metrics: Metrics) -> None:
-        self.max_sessions = max_sessions
+        self.max_sessions = max_sessions  # 0 until the engine is loaded: then its slot count, or fewer
         self.metrics = metrics
         self._calls: dict[str, CallSession] = {}
         self._reserved = 0
@@ -204,8 +286,13 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._calls)
 
+    @property
+    def free(self) -> int:
+        """Call slots not taken (a parked call keeps its slot: its caller may come back)."""
+        return self.max_sessions - len(self._calls) - self._reserved
+
     def reserve(self) -> None:
-        if len(self._calls) + self._reserved >= self.max_sessions:
+        if self.free <= 0:
             raise Full
         self._reserved += 1
 
@@ -219,6 +306,12 @@ class Sessions:
 
     def get(self, session_id: str) -> CallSession | None:
         return self._calls.get(session_id)
+
+    def by_resume_token(self, token: str) -> CallSession | None:
+        for call in self._calls.values():
+            if hmac.compare_digest(call.resume_token.encode(), token.encode()) and not call.closing:
+                return call
+        return None
 
     def remove(self, call: CallSession) -> None:
         self._calls.pop(call.id, None)

@@ -1,4 +1,5 @@
-"""HTTP side of a call: POST /api/offer answers a WebRTC offer, DELETE /api/sessions/{id} hangs up."""
+"""HTTP side of a call: POST /api/offer answers a WebRTC offer (or resumes a call), GET /api/sessions/{id} says
+whether it is here, DELETE /api/sessions/{id} hangs up."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +11,11 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from ..conversation import EngineSession
 from ..media.ice import rtc_configuration
 from ..media.inbound import use_low_latency_audio
-from ..media.outbound import PACKET_S
 from ..media.end_of_turn import installed_scorer
+from ..media.outbound import PACKET_S, OutboundAudioTrack
 from ..media.vad import SpeechProbability
 from .protocol import Offer, ProtocolError, parse_offer
 from .sessions import CallSession, Full
@@ -22,6 +24,7 @@ from .state import STATE, ServerState
 log = logging.getLogger(__name__)
 RETRY_AFTER_FULL_S = 10
 RETRY_AFTER_LOADING_S = 5
+RETRY_AFTER_DRAINING_S = 5
 
 
 class ApiError(Exception):
@@ -90,62 +93,124 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
         parsed = parse_offer(await _json_body(request))
     except ProtocolError as exc:
         raise ApiError(400, exc.code, exc.message) from None
+    if parsed.resume_token is not None:
+        return await _resume_call(state, parsed)
+    call = await open_call(state, parsed)
+    return _answer_response(call.pc, call.id)
+
+
+def check_capacity(state: ServerState) -> None:
+    """503 unless the model is ready, the server is not draining and a call slot is free; reserves the slot (give
+    it back with release())."""
     if not state.ready:
         state.metrics.rejected.labels("loading").inc()
         raise ApiError(503, "not_ready", "the model is still loading", {"Retry-After": str(RETRY_AFTER_LOADING_S)})
+    if state.draining:
+        state.metrics.rejected.labels("draining").inc()
+        raise ApiError(503, "draining", "this server is shutting down and takes no new calls",
+                       {"Retry-After": str(RETRY_AFTER_DRAINING_S)})
     try:
         state.sessions.reserve()
     except Full:
         state.metrics.rejected.labels("full").inc()
         raise ApiError(503, "server_full", f"all {state.sessions.max_sessions} call slots are taken",
                        {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+
+
+async def open_call(state: ServerState, offer: Offer, realtime: bool = False) -> CallSession:
+    """Answers an offer with a new call (ApiError when it cannot be); `realtime`: its events are the Realtime
+    API's, on the `oai-events` channel."""
+    check_capacity(state)
     try:
-        call = await _start_call(state, parsed)
+        call = await _start_call(state, offer, realtime)
     finally:
         state.sessions.release()
     state.sessions.add(call)
     log.info("call %s started (%d active)", call.id, len(state.sessions))
-    local = call.pc.localDescription
-    return web.json_response({"sdp": local.sdp, "type": local.type, "session_id": call.id})
+    return call
 
 
-async def _start_call(state: ServerState, offer: Offer) -> CallSession:
-    from ..engine import SessionOptions
+def _answer_response(pc: RTCPeerConnection, session_id: str) -> web.Response:
+    """The SDP answer; `Location` names the call, so a load balancer can route its hang-up to this replica."""
+    local = pc.localDescription
+    return web.json_response({"sdp": local.sdp, "type": local.type, "session_id": session_id},
+                             headers={"Location": f"/api/sessions/{session_id}"})
 
+
+async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
+    """A caller whose connection died comes back: a new peer connection for the same call and conversation."""
+    call = state.sessions.by_resume_token(offer.resume_token or "")
+    if call is None:
+        raise ApiError(404, "session_not_found", "no call to resume with this token (it ended, or the window passed)")
+    pc = RTCPeerConnection(rtc_configuration(state.settings.ice_servers))
+    track = OutboundAudioTrack()
+    call.resume(pc, track)  # before the offer is applied: that is when the caller's tracks arrive
+    try:
+        await _answer_offer(pc, offer.sdp, track)
+    except BaseException:
+        call.lose("the resume offer failed")  # parked again: the caller may try once more
+        raise
+    return _answer_response(pc, call.id)
+
+
+def new_engine_session(state: ServerState, voice: str, instructions: str) -> EngineSession:
+    from ..engine import EngineFullError, SessionOptions
+
+    try:
+        options = SessionOptions(voice=voice, instructions=instructions,
+                                 max_frames=max(1, round(state.settings.max_answer_s / PACKET_S)))
+        return state.engine.new_session(options)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_value", str(exc)) from None
+    except EngineFullError as exc:
+        state.metrics.rejected.labels("full").inc()
+        raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+
+
+async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallSession:
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
-    try:
-        options = SessionOptions(voice=voice, instructions=instructions,
-                                 max_frames=max(1, round(settings.max_answer_s / PACKET_S)))
-        engine_session = state.engine.new_session(options)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_value", str(exc)) from None
+    engine_session = new_engine_session(state, voice, instructions)
     vad = await asyncio.to_thread(SpeechProbability)
     end_of_turn = await asyncio.to_thread(installed_scorer)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
-                       instructions, on_closed=state.sessions.remove, end_of_turn=end_of_turn)
+                       instructions, on_closed=state.sessions.remove, realtime=realtime, end_of_turn=end_of_turn)
     try:
-        try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
-        except Exception as exc:  # aiortc raises ValueError and friends on SDP it cannot use
-            raise ApiError(400, "invalid_sdp", f"the offer cannot be used: {exc}") from None
-        if not any(t.kind == "audio" for t in pc.getTransceivers()):
-            raise ApiError(400, "no_audio", "the offer has no audio: the call needs a microphone track")
-        pc.addTrack(call.track)
-        use_low_latency_audio(pc)
-        await pc.setLocalDescription(await pc.createAnswer())
+        await _answer_offer(pc, offer.sdp, call.track)
     except BaseException:
         await call.close("offer failed")
         raise
     return call
 
 
-async def hang_up(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    call = state.sessions.get(request.match_info["session_id"])
+async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTrack) -> None:
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+    except Exception as exc:  # aiortc raises ValueError and friends on SDP it cannot use
+        raise ApiError(400, "invalid_sdp", f"the offer cannot be used: {exc}") from None
+    if not any(t.kind == "audio" for t in pc.getTransceivers()):
+        raise ApiError(400, "no_audio", "the offer has no audio: the call needs a microphone track")
+    pc.addTrack(track)
+    use_low_latency_audio(pc)
+    await pc.setLocalDescription(await pc.createAnswer())
+
+
+def _call(request: web.Request) -> CallSession:
+    call = request.app[STATE].sessions.get(request.match_info["session_id"])
     if call is None:
         raise ApiError(404, "session_not_found", "no call with this id")
+    return call
+
+
+async def session_status(request: web.Request) -> web.Response:
+    """Is this call here, and is its connection up or waiting for the caller to resume it?"""
+    call = _call(request)
+    return web.json_response({"session_id": call.id, "status": "waiting_for_resume" if call.parked else "active"})
+
+
+async def hang_up(request: web.Request) -> web.Response:
+    call = _call(request)
     await call.close("hung up")
     return web.json_response({"session_id": call.id, "status": "closed"})

@@ -1,4 +1,4 @@
-"""The call page (web/) in Debian's Chromium against `rtc-agent serve`, all inside a loopback-only namespace.
+"""The page (rtc_agent/web/) in Debian's Chromium against `rtc-agent serve`, all inside a loopback-only namespace.
 
 Chromium's fake microphone loops a WAV made by espeak-ng (about 3.4 s of speech, then 3.2 s of silence), so the
 caller speaks again every ~7 s: the tiny model's long answers get cut by that barge-in, which the page shows.

@@ -1,0 +1,276 @@
+"""`rtc-agent loadtest URL --callers N`: N independent aiortc callers in this process, at once or ramped, each
+speaking the WAV's utterances as a person would (one, then wait for the answer to end, a pause, the next) and
+listening to the answers. Per caller and overall: the latency each caller hears, the server's own numbers from
+response.done (ttfp_ms, frames late and dropped), gaps in the answer audio as it arrived, and failures."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+import numpy as np
+
+from ..media.ice import use_host_addresses
+from .call import CONNECT_WARMUP_S, GAP_S, TAIL_S, connection_gone, dial, load_speech, turn_report
+from .microphone import RATE, Microphone
+from .peer import Call, CallError
+
+DEFAULT_SENTENCE = "What is the weather like in Paris today?"
+PAUSE_S = 1.0  # after an answer ends, before the caller speaks again
+READY_POLL_S = 0.5
+MEDIA_START_S = 10.0  # from connected to the microphone's first packet
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSettings:
+    callers: int = 1
+    ramp_s: float = 0.0  # caller k starts at k * ramp_s / callers
+    turns: int = 1  # times each caller says the whole WAV
+    max_wait_s: float = 30.0  # after a turn's speech ends, for its answer to end; then it counts as a failure
+    retry_s: float = 0.0  # retry a 503 (server_full, not_ready) this long, after its Retry-After; 0: fail
+    gap_s: float = GAP_S
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.callers <= 256:
+            raise ValueError("--callers must be between 1 and 256")
+        if self.ramp_s < 0 or self.retry_s < 0:
+            raise ValueError("--ramp-s and --retry-s must not be negative")
+        if not 1 <= self.turns <= 100:
+            raise ValueError("--turns must be between 1 and 100")
+        if self.max_wait_s <= 0 or self.gap_s <= 0:
+            raise ValueError("--max-wait-s and --gap-ms must be positive")
+
+
+def speech_wav(wav: str | None, folder: str) -> str:
+    """The WAV to speak: `wav`, or one espeak-ng makes in `folder` when none is given."""
+    if wav:
+        return wav
+    if shutil.which("espeak-ng") is None:
+        raise ValueError("give --wav FILE (utterances separated by >= 1 s pauses), or install espeak-ng to make one")
+    path = str(Path(folder) / "speech.wav")
+    subprocess.run(["espeak-ng", "-w", path, DEFAULT_SENTENCE], check=True, capture_output=True)
+    return path
+
+
+async def run_loadtest(url: str, wav: str | None, settings: LoadSettings, *, token: str | None = None,
+                       voice: str | None = None, instructions: str | None = None, verify_tls: bool = True,
+                       ice_servers: tuple[str, ...] = (), ice_host_addresses: tuple[str, ...] = ()
+                       ) -> dict[str, Any]:
+    use_host_addresses(ice_host_addresses)
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = speech_wav(wav, tmp)
+        samples, spans = load_speech(wav)
+    call_kwargs = dict(token=token, voice=voice, instructions=instructions, ice_servers=ice_servers,
+                       verify_tls=verify_tls)
+    if settings.retry_s:
+        await wait_ready(url, settings.retry_s, verify_tls)
+    lag = LoopLag()
+    watcher = asyncio.ensure_future(lag.watch())
+    try:
+        callers = await asyncio.gather(*(
+            _caller(i, i * settings.ramp_s / settings.callers, url, samples, spans, settings, call_kwargs)
+            for i in range(settings.callers)))
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    return {"url": url.rstrip("/"), "wav": wav, "utterances": len(spans), "settings": dataclasses.asdict(settings),
+            "overall": summary(callers, lag.max_ms), "callers": callers}
+
+
+async def wait_ready(url: str, timeout_s: float, verify_tls: bool = True) -> None:
+    """Until GET /readyz says 200 (the model is loaded), so that the callers start together; at most `timeout_s`
+    (then the callers try anyway, and a server still loading refuses them with not_ready)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(f"{url.rstrip('/')}/readyz", ssl=verify_tls) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass  # not listening yet
+            await asyncio.sleep(READY_POLL_S)
+
+
+class LoopLag:
+    """How late this process's event loop woke up (ms): when high, the load tester itself was a bottleneck."""
+
+    def __init__(self, period_s: float = 0.05) -> None:
+        self.period_s, self.max_ms = period_s, 0.0
+
+    async def watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.period_s
+            await asyncio.sleep(self.period_s)
+            self.max_ms = max(self.max_ms, (loop.time() - due) * 1000)
+
+
+async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spans: list[tuple[int, int]],
+                  settings: LoadSettings, call_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One caller from dialling to hanging up. Its failures end up in its result, never in another caller's."""
+    await asyncio.sleep(delay_s)
+    result: dict[str, Any] = {"caller": index, "session_id": None, "started_s": round(delay_s, 3),
+                              "connected_ms": None, "attempts": None, "turns": [], "failure": None}
+    call: Call | None = None
+    try:
+        started = time.monotonic()
+        call, mic, result["attempts"] = await dial(url, retry_s=settings.retry_s, **call_kwargs)
+        result["session_id"] = call.session_id
+        result["connected_ms"] = round((time.monotonic() - started) * 1000, 1)
+        result["failure"] = await _converse(call, mic, samples, spans, settings, result["turns"])
+    except CallError as exc:
+        result["failure"] = {"code": exc.code, "status": exc.status, "message": exc.message,
+                             "retry_after_s": exc.retry_after_s}
+    except asyncio.TimeoutError:
+        result["failure"] = {"code": "connect_timeout", "message": "the call's data channel never opened (ICE/DTLS)"}
+    except (OSError, aiohttp.ClientError) as exc:
+        result["failure"] = {"code": "connect_error", "message": f"{type(exc).__name__}: {exc}"}
+    except Exception as exc:  # a fault in this client: reported for this caller, the others go on
+        log.exception("caller %d", index)
+        result["failure"] = {"code": "client_error", "message": f"{type(exc).__name__}: {exc}"}
+    finally:
+        if call is not None:
+            await call.hang_up()
+    return result
+
+
+async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: list[tuple[int, int]],
+                    settings: LoadSettings, turns: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Says each utterance `settings.turns` times, each after the answer to the one before has ended; fills
+    `turns`. Returns the failure that stopped the caller (None: every turn got an answer)."""
+    await _until(lambda: mic.started_at is not None or connection_gone(call), MEDIA_START_S)
+    if mic.started_at is None:
+        return {"code": "no_media", "message": f"no audio went out within {MEDIA_START_S:g} s of connecting"}
+    failure = None
+    said: list[tuple[float, float]] = []  # (speech start, speech end) of each utterance, time.monotonic()
+    mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))
+    for turn in range(settings.turns * len(spans)):
+        start, end = spans[turn % len(spans)]
+        answered = len(call.events_of("response.done"))
+        at = mic.play(samples[start:end])
+        said.append((mic.time_at(at), mic.time_at(at + end - start)))
+        wait_s = said[-1][1] + settings.max_wait_s - time.monotonic()
+        await _until(lambda: len(call.events_of("response.done")) > answered or connection_gone(call), wait_s)
+        if connection_gone(call):
+            failure = {"code": "connection_lost", "message": f"the connection closed during turn {turn + 1}"}
+            break
+        if len(call.events_of("response.done")) == answered:
+            failure = {"code": "no_answer",
+                       "message": f"turn {turn + 1}: no answer ended within {settings.max_wait_s:g} s of the speech"}
+            break
+        if turn + 1 < settings.turns * len(spans):
+            await asyncio.sleep(PAUSE_S)
+    await asyncio.sleep(TAIL_S)
+    dones = [m["response"] for m in call.events_of("response.done")]
+    for i, (_, end_at) in enumerate(said):
+        next_at = said[i + 1][0] if i + 1 < len(said) else float("inf")
+        turns.append(turn_report(call, end_at, next_at, dones[i] if i < len(dones) else None, settings.gap_s))
+    return failure
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.05) -> None:
+    """Returns once `condition()` holds or `timeout_s` has passed."""
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(poll_s)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"n": 0, "p50": None, "p90": None, "max": None}
+    p50, p90 = np.percentile(values, [50, 90])
+    return {"n": len(values), "p50": round(float(p50), 1), "p90": round(float(p90), 1),
+            "max": round(float(max(values)), 1)}
+
+
+def _server(turn: dict[str, Any], *keys: str) -> Any:
+    value: Any = turn["server"] or {}
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """Latencies, frame counts and gaps over some turns (one caller's, or every caller's)."""
+    def values(*keys: str) -> list[float]:
+        return [v for t in turns if (v := _server(t, *keys)) is not None]
+
+    return {
+        "turns": len(turns),
+        "answered": sum(1 for t in turns if t["server"] is not None),
+        "heard_ms": percentiles([t["client_latency_ms"] for t in turns if t["client_latency_ms"] is not None]),
+        "server_ttfp_ms": percentiles(values("ttfp_ms")),
+        "engine_ttfp_ms": percentiles(values("engine", "ttfp_ms")),
+        "engine_frame_ms_p90": percentiles(values("engine", "frame_ms_p90")),  # each turn's P90, across turns
+        "interval_ms_p90": percentiles([t["interval_ms_p90"] for t in turns if t["interval_ms_p90"] is not None]),
+        "frames_sent": int(sum(values("frames_sent"))),
+        "frames_late": int(sum(values("frames_late"))),
+        "frames_dropped": int(sum(values("frames_dropped"))),
+        "gaps": sum(t["gaps"] for t in turns),
+        "max_gap_ms": max((t["max_gap_ms"] for t in turns if t["max_gap_ms"] is not None), default=None),
+    }
+
+
+def summary(callers: list[dict[str, Any]], loop_lag_ms: float) -> dict[str, Any]:
+    for c in callers:
+        c["summary"] = caller_summary(c["turns"])
+    failures: dict[str, int] = {}
+    for c in callers:
+        if c["failure"]:
+            failures[c["failure"]["code"]] = failures.get(c["failure"]["code"], 0) + 1
+    return {"callers": len(callers), "connected": sum(1 for c in callers if c["session_id"]),
+            "failed": sum(1 for c in callers if c["failure"]), "failures": failures,
+            **caller_summary([t for c in callers for t in c["turns"]]),
+            "client_loop_lag_ms_max": round(loop_lag_ms, 1)}
+
+
+def _pp(p: dict[str, Any]) -> str:
+    return "-" if p["p50"] is None else f"{p['p50']:.0f}/{p['p90']:.0f}"
+
+
+def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    s = report["settings"]
+    print(f"{s['callers']} callers on {report['url']} (ramp {s['ramp_s']:g} s), each saying {report['utterances']} "
+          f"utterance(s) x {s['turns']}; latencies are P50/P90 in ms")
+    print(f"{'caller':>6} {'session':<18} {'connect':>16} {'answered':>9} {'heard':>11} {'server ttfp':>12} "
+          f"{'late':>5} {'dropped':>8} {'gaps':>5}  failure")
+    for c in report["callers"]:
+        m, f = c["summary"], c["failure"]
+        connect = "-" if c["connected_ms"] is None else f"{c['connected_ms']:.0f} ms"
+        if (c["attempts"] or 1) > 1:
+            connect += f" ({c['attempts']} tries)"
+        why = "" if not f else f"{f['code']}: {f['message']}" + (
+            f" (Retry-After {f['retry_after_s']:g} s)" if f.get("retry_after_s") is not None else "")
+        print(f"{c['caller']:>6} {c['session_id'] or '-':<18} {connect:>16} {m['answered']:>4}/{m['turns']:<4} "
+              f"{_pp(m['heard_ms']):>11} {_pp(m['server_ttfp_ms']):>12} {m['frames_late']:>5} "
+              f"{m['frames_dropped']:>8} {m['gaps']:>5}  {why}")
+    o = report["overall"]
+    h, t, e = o["heard_ms"], o["server_ttfp_ms"], o["engine_ttfp_ms"]
+    why = ", ".join(f"{n} {code}" for code, n in o["failures"].items())
+    print(f"overall: {o['connected']}/{o['callers']} connected, {o['failed']} failed{f' ({why})' if why else ''}; "
+          f"{o['answered']}/{o['turns']} turns answered")
+    print(f"  heard latency (end of speech -> first answer audio): P50 {h['p50']} ms, P90 {h['p90']} ms, "
+          f"max {h['max']} ms over {h['n']} turns")
+    print(f"  server ttfp_ms (turn end -> first packet): P50 {t['p50']}, P90 {t['p90']}, max {t['max']}; "
+          f"engine ttfp P50 {e['p50']}, P90 {e['p90']}")
+    f, i = o["engine_frame_ms_p90"], o["interval_ms_p90"]
+    print(f"  each answer's P90, over answers (P50/max): engine frame time {f['p50']}/{f['max']} ms, "
+          f"answer packet arrival interval {i['p50']}/{i['max']} ms (80 is real time)")
+    print(f"  frames sent {o['frames_sent']}, late {o['frames_late']}, dropped {o['frames_dropped']}; "
+          f"gaps > {s['gap_s'] * 1000:.0f} ms in the received answer audio: {o['gaps']} "
+          f"(longest interval {o['max_gap_ms']} ms)")
+    print(f"  this client's event loop woke up to {o['client_loop_lag_ms_max']} ms late"
+          + (" (high: the load tester itself may be the bottleneck)" if o["client_loop_lag_ms_max"] > 50 else ""))

@@ -1,0 +1,238 @@
+"""Answers in progress, and the batched step that advances all of them at once (one 80 ms frame each).
+
+An answer starts with `Conversation.begin_answer` (the turn's tail, the assistant header, the first token and the
+Talker's prefix, on one slot). From then on `tick` moves every answer forward together: for the answers that
+speak, the code predictor's 15 steps for all of them, the Thinker's next token for all of them (on a side stream,
+next to the rest), each one's Code2Wav frame, then the next Talker step for all of them; for the answers that
+only write (no Talker, or the speech ended before the text), one Thinker token each. Each answer's events go out
+through its `emit` as soon as its frame is on the host.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from .events import Event, ResponseDone, SpeechFrame, TextDelta
+from .sampling import Sampling
+from .slots import SlotPool, rows_for
+
+FRAME_S = 0.08  # one codec frame of speech
+
+
+class Answer:
+    """One session's answer: what the batched step reads and advances for its slot's row."""
+
+    def __init__(self, conversation, emit: Callable[[Event | Exception], None], started: float, header: list[int],
+                 answer_start: int) -> None:
+        self.conversation = conversation
+        self.options = conversation.options
+        self.emit = emit
+        self.started = started
+        self.header = header
+        self.answer_start = answer_start  # the Thinker cache position where the assistant header begins
+        self.tokens: list[int] = []  # generated text tokens, EOS excluded
+        self.metrics: dict[str, float] = {}
+        self.frames = 0
+        self.frame_times: list[float] = []
+        self.thinker_done = False  # the text is complete (EOS, or the length limit)
+        self.speaking = False  # frames are still being made
+        self.text_after_end = 0  # Talker steps fed since the text ended (tts_eos first, then tts_pad)
+        self.interrupted_at: int | None = None  # frames the caller heard, once interrupted
+        self.done = False
+        self.first_frame_at: float | None = None
+        self._step_started = started
+        self.after: list[Callable[[], None]] = []  # run on the worker once the answer is done
+
+    @property
+    def row(self) -> int:
+        return self.conversation.slot.index
+
+    def add_first_token(self, token: int) -> None:
+        self.tokens.append(token)
+        self.metrics["ttft_ms"] = (time.perf_counter() - self.started) * 1e3
+        self.emit(self._delta(token))
+
+    def _delta(self, token: int) -> TextDelta:
+        return TextDelta(self.conversation.core.tokenizer.decode([token]), token)
+
+    def interrupt(self, frames_played: int) -> None:
+        """Stop within one frame; the history keeps the text of the first `frames_played` frames."""
+        self.interrupted_at = max(0, frames_played)
+
+    def lead_s(self, now: float) -> float:
+        """Seconds of speech made ahead of real time: 0 before the first frame, infinite once nothing is spoken
+        any more (text has no playout to keep up with)."""
+        if not self.speaking:
+            return math.inf
+        if self.first_frame_at is None:
+            return 0.0
+        return self.frames * FRAME_S - (now - self.first_frame_at)
+
+    @property
+    def writes(self) -> bool:
+        """Whether the next step gives this answer a text token without speech."""
+        return (not self.done and not self.speaking and not self.thinker_done and self.interrupted_at is None
+                and len(self.tokens) < self.options.max_answer_tokens)
+
+    def end_speech(self) -> None:
+        self.speaking = False
+        self.thinker_done = self.thinker_done or self.frames >= self.options.max_frames  # the text stops too
+
+    def finish(self) -> None:
+        """Leave the caches holding the answer as the caller heard it and send `ResponseDone`."""
+        conversation = self.conversation
+        interrupted = self.interrupted_at is not None
+        speech = conversation.talker is not None
+        kept = self.tokens if not speech or not interrupted else self.tokens[:self.interrupted_at]
+        self.done = True
+        try:
+            conversation.close_answer(self.answer_start, self.header, kept, self.tokens if speech else None)
+        finally:
+            if self.frame_times:
+                self.metrics["frame_ms_p50"] = float(np.percentile(self.frame_times, 50) * 1e3)
+                self.metrics["frame_ms_p90"] = float(np.percentile(self.frame_times, 90) * 1e3)
+            self.metrics["audio_s"] = self.frames * FRAME_S
+            decoded = conversation.core.tokenizer.decode(kept)
+            self.emit(ResponseDone(decoded, tuple(kept), self.frames, interrupted, self.metrics))
+
+
+def tick(pool: SlotPool, answers: list[Answer]) -> None:
+    """One step of every answer: a frame for those that speak, a token for those that only write; then every
+    answer with nothing left to make is finished."""
+    for answer in answers:
+        if answer.speaking and answer.interrupted_at is not None:
+            answer.end_speech()
+    groups: dict[tuple[Sampling, ...], list[Answer]] = {}
+    for answer in answers:
+        if answer.speaking:
+            groups.setdefault(_sampling_key(answer), []).append(answer)
+    for group in groups.values():
+        _frames(pool, group)
+    writing = [a for a in answers if a.writes]
+    if writing:
+        _tokens(pool, writing, overlap=False)
+    for answer in answers:
+        if not answer.done and not answer.speaking and not answer.writes:
+            answer.finish()
+
+
+def _sampling_key(answer: Answer) -> tuple[Sampling, ...]:
+    """Answers whose draws differ at most in `greedy` share one batched step (a greedy row draws with no noise)."""
+    o = answer.options
+    return tuple(replace(s, greedy=False) for s in (o.thinker_sampling, o.talker_sampling, o.predictor_sampling))
+
+
+def _shared(group: list[Answer], name: str) -> Sampling:
+    """The settings a group's batched draw runs under: greedy only if every answer is greedy."""
+    settings = [getattr(a.options, name) for a in group]
+    return settings[0] if all(s.greedy for s in settings) else replace(settings[0], greedy=False)
+
+
+def _tokens(pool: SlotPool, answers: list[Answer], overlap: bool) -> None:
+    """Queue the next Thinker token of `answers` (collected with `pool.tokens()`)."""
+    rows: list = [None] * rows_for(max(a.row for a in answers), len(pool))
+    samplings = [answers[0].options.thinker_sampling] * len(rows)
+    for a in answers:
+        rows[a.row] = (a.conversation.slot, a.tokens[-1], a.conversation.generator)
+        samplings[a.row] = a.options.thinker_sampling
+    pool.start_tokens(rows, samplings, overlap)
+    if not overlap:
+        tokens = pool.tokens()
+        for a in answers:
+            token = tokens[a.row]
+            if token == a.conversation.ids.im_end:
+                a.thinker_done = True
+            else:
+                a.tokens.append(token)
+                a.emit(a._delta(token))
+
+
+def _frames(pool: SlotPool, group: list[Answer]) -> None:
+    """One frame for each answer of `group` (answers that share their sampling settings)."""
+    talker = pool.talker
+    core = group[0].conversation.core
+    rows = rows_for(max(a.row for a in group), len(pool))
+    members = {a.row: a for a in group}
+    talker_sampling, predictor_sampling = _shared(group, "talker_sampling"), _shared(group, "predictor_sampling")
+    residual = (talker.config.num_code_groups - 1) * talker.residual_vocab
+    noise = torch.stack([talker.noise(members[r].options.predictor_sampling, residual, members[r].conversation.generator)
+                         if r in members else talker.noise(predictor_sampling, residual, None) for r in range(rows)])
+    codes = talker.frame_codes(rows, predictor_sampling, noise)
+    code0 = talker.code0_values()
+    going = []
+    for a in group:
+        if code0[a.row] == talker.config.codec_eos_token_id:  # the predictor's work on it is dropped
+            a.end_speech()
+        else:
+            going.append(a)
+    if not going:
+        return
+    ahead = [a for a in going if not a.thinker_done]
+    if ahead:
+        _tokens(pool, ahead, overlap=True)
+    pool.frame_codes.start(codes)
+    pool.frame_samples.start(_speech(pool, rows, going, codes))
+    tokens = pool.tokens() if ahead else []
+    texts: dict[int, torch.Tensor | int] = {}  # row -> the Talker's text input: a token, or tts_eos / tts_pad
+    deltas: dict[int, TextDelta] = {}
+    last = {a.row: a.frames + 1 >= a.options.max_frames for a in going}
+    for a in going:
+        if a in ahead and not last[a.row]:  # at the frame limit the token goes unused (cropped with the answer)
+            token = tokens[a.row]
+            a.thinker_done = token == a.conversation.ids.im_end
+            if not a.thinker_done:
+                a.tokens.append(token)
+                # As in stock generate, the answer's last token (EOS, or the one at the length limit) is not
+                # spoken: tts_eos takes its place.
+                deltas[a.row] = a._delta(token)
+                a.thinker_done = len(a.tokens) >= a.options.max_answer_tokens
+                if not a.thinker_done:
+                    texts[a.row] = token
+        if not last[a.row] and a.row not in texts:
+            texts[a.row] = core.tts["eos"] if a.text_after_end == 0 else core.tts["pad"]
+            a.text_after_end += 1
+    if texts:
+        _talker_step(pool, rows, members, codes, texts, talker_sampling)
+    samples = pool.frame_samples.get()
+    frame_codes = pool.frame_codes.get()
+    for n, a in enumerate(going):
+        now = time.perf_counter()
+        if a.frames == 0:
+            a.metrics["ttfp_ms"] = (now - a.started) * 1e3
+            a.first_frame_at = now
+        else:
+            a.frame_times.append(now - a._step_started)
+        a.emit(SpeechFrame(a.frames, samples[n].numpy().copy(), tuple(frame_codes[a.row].tolist())))
+        a._step_started = time.perf_counter()
+        a.frames += 1
+        if last[a.row] or a.interrupted_at is not None:
+            a.end_speech()
+        elif a.row in deltas:
+            a.emit(deltas[a.row])
+
+
+def _speech(pool: SlotPool, rows: int, going: list[Answer], codes: torch.Tensor) -> torch.Tensor:
+    """Each answer's samples [len(going), 1920]: one batched step for those with a full upsampler context, their
+    own streams for the others (an answer's first frames)."""
+    steady = {a.row for a in going if a.conversation.code2wav.steady}
+    batched = pool.code2wav.push([r if r in steady else None for r in range(rows)], codes) if steady else None
+    return torch.stack([batched[a.row] if a.row in steady else a.conversation.code2wav.push(codes[a.row])
+                        for a in going])
+
+
+def _talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], codes: torch.Tensor,
+                 texts: dict[int, torch.Tensor | int], sampling: Sampling) -> None:
+    """The next Talker step of the rows in `texts` (the others sit it out)."""
+    talker, core = pool.talker, next(iter(members.values())).conversation.core
+    token_rows = [r for r, t in texts.items() if isinstance(t, int)]
+    projected = dict(zip(token_rows, core.text_input([[texts[r]] for r in token_rows]))) if token_rows else {}
+    blank = core.tts["pad"].new_zeros(1, 1, core.tts["pad"].shape[-1])
+    text = torch.cat([projected[r][None] if r in projected else texts.get(r, blank) for r in range(rows)])
+    noise = torch.stack([talker.noise(members[r].options.talker_sampling, talker.vocab, members[r].conversation.generator)
+                         if r in texts else talker.noise(sampling, talker.vocab, None) for r in range(rows)])
+    talker.step([r if r in texts else None for r in range(rows)], codes, text, sampling, noise)

@@ -1,0 +1,252 @@
+"""Session slots: everything one call needs on the device, made once at start-up and handed from call to call.
+
+A slot is a row of the engine's batched KV caches (Thinker, Talker, code predictor), its own streaming Code2Wav,
+its own prefill graphs, and a random generator. The batched decode steps (a Thinker token, a Talker step, the
+code predictor's 15 steps) run over the first `rows` rows for a few batch sizes (1, 2, 4, ... up to the slot
+count), each captured as a CUDA graph once at start-up. Slots are handed out lowest first, so the callers of a
+busy server sit in the first rows and a step's batch stays small. A call that ends gives its slot back (reset,
+never re-allocated or re-captured): joining or leaving costs the other callers nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .code2wav import Code2WavRows, StreamingCode2Wav
+from .events import FRAME_SAMPLES
+from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill
+from .kv_cache import StaticKVCache
+from .sampling import Sampling, choose, fused_active, gumbel_noise
+from .stack import run_stack
+from .talker import Talker, TalkerRow
+
+log = logging.getLogger(__name__)
+
+
+def batch_sizes(slots: int) -> list[int]:
+    """The batch sizes steps are captured for: powers of two below `slots`, and `slots` itself."""
+    sizes, size = [], 1
+    while size < slots:
+        sizes.append(size)
+        size *= 2
+    return sizes + [slots]
+
+
+def rows_for(highest_row: int, slots: int) -> int:
+    """The smallest captured batch that covers rows 0..`highest_row`."""
+    return next(size for size in batch_sizes(slots) if size > highest_row)
+
+
+DEFAULT_CPU_SLOTS = 4
+MAX_AUTO_SLOTS = 16  # a batch of 16 still streams in real time on one H200 (docs/PERFORMANCE.md)
+GPU_RESERVE_BYTES = 6 << 30  # prefill activations (a long video turn), cuBLAS workspaces, the allocator's slack
+SLOT_OVERHEAD = 1.5  # a slot's graphs and Code2Wav buffers on top of its KV caches (measured: docs/PERFORMANCE.md)
+
+
+def _cache_bytes(config, positions: int, dtype: torch.dtype) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * (positions + 1) * head_dim * dtype.itemsize
+
+
+def slot_bytes(core) -> int:
+    """Bytes of one slot's KV caches: Thinker, Talker, code predictor, Code2Wav."""
+    config, options = core.model.config, core.options
+    total = _cache_bytes(config.thinker_config.text_config, options.context_tokens, core.dtype)
+    if core.speech:
+        talker = config.talker_config
+        total += _cache_bytes(talker.text_config, options.context_tokens + options.max_frames + 16, core.dtype)
+        total += _cache_bytes(talker.code_predictor_config, talker.num_code_groups + 1, core.dtype)
+        total += _cache_bytes(config.code2wav_config, options.max_frames + 1, core.dtype)
+    return total
+
+
+def slot_count(core, requested: int) -> int:
+    """`requested`, or (0) as many slots as fit in the GPU's free memory after the weights (logged), at most
+    `MAX_AUTO_SLOTS`; `DEFAULT_CPU_SLOTS` on the CPU."""
+    if requested:
+        return requested
+    if core.device.type != "cuda":
+        return DEFAULT_CPU_SLOTS
+    free, total = torch.cuda.mem_get_info(core.device)
+    per_slot = int(slot_bytes(core) * SLOT_OVERHEAD)
+    count = max(1, min(MAX_AUTO_SLOTS, (free - GPU_RESERVE_BYTES) // per_slot))
+    log.info("session slots: %.1f GB free of %.1f GB after the weights, minus %.1f GB reserve, / %.2f GB a slot "
+             "(%.2f GB of KV caches x %.1f) = %d slots (at most %d)", free / 1e9, total / 1e9,
+             GPU_RESERVE_BYTES / 1e9, per_slot / 1e9, slot_bytes(core) / 1e9, SLOT_OVERHEAD, count, MAX_AUTO_SLOTS)
+    return int(count)
+
+
+@dataclass
+class Slot:
+    index: int
+    cache: StaticKVCache  # the Thinker's context: row `index` of the pool's cache
+    prefill: PaddedPrefill | None  # short Thinker prefills on that row as one graph (GPU)
+    talker: TalkerRow | None
+    code2wav: StreamingCode2Wav | None
+    generator: torch.Generator
+    answer: Any = None  # the answer in progress on this slot, if any (answer.Answer)
+
+    def reset(self, seed: int | None) -> None:
+        """A new call: empty context, the generator seeded (`seed`, or from the system's entropy)."""
+        self.answer = None
+        self.cache.crop(0)
+        if self.talker is not None:
+            self.talker.reset()
+            self.code2wav.reset()
+        self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
+
+
+class SlotPool:
+    def __init__(self, core, count: int) -> None:
+        self.core = core
+        model, options = core.model, core.options
+        thinker_config = model.config.thinker_config.text_config
+        graphs = core.cuda_graphs
+        self.graphs = graphs
+        self.cache = StaticKVCache.for_config(thinker_config, options.context_tokens, core.dtype, core.device,
+                                              batch=count)
+        self.talker = self.code2wav = None
+        if core.speech:
+            fused = fused_active(options.fast_sampling, core.device)
+            self.talker = Talker(model, count, options.context_tokens + options.max_frames + 16, graphs, fused)
+            self.code2wav = Code2WavRows(model.code2wav, count, options.max_frames + 1, graphs)
+        # The Thinker's steps next to the frames, on a high-priority stream: a stream of its own (torch hands out
+        # normal-priority streams round-robin from a pool of 32) and first on the GPU when both streams have work.
+        self.side_stream = torch.cuda.Stream(core.device, priority=-1) if graphs and options.overlap else None
+        self._step_inputs = DeviceCopy((2, count), torch.long, core.device)  # a step's positions and rope deltas
+        self._ids = DeviceCopy((count, 1), torch.long, core.device)  # a Thinker step's input tokens
+        self._tokens = HostCopy((count,), torch.long, core.device)  # its chosen tokens
+        if core.speech:  # each frame's codes and samples
+            groups = model.config.talker_config.num_code_groups
+            self.frame_codes = HostCopy((count, groups), torch.long, core.device)
+            self.frame_samples = HostCopy((count, FRAME_SAMPLES), torch.float32, core.device)
+        self._views: dict[int, StaticKVCache] = {}
+        self._thinker_steps: dict[int, CapturedStep] = {}
+        self.slots = [self._make_slot(index) for index in range(count)]
+        self._free = list(range(count))
+        self._lock = threading.Lock()  # slots are taken on the event loop and given back on the worker
+
+    def _make_slot(self, index: int) -> Slot:
+        core = self.core
+        cache = self.cache.row(index)
+        prefill = None
+        if self.graphs:
+            hidden = core.model.config.thinker_config.text_config.hidden_size
+            prefill = PaddedPrefill(lambda e: self.thinker_stack(e, cache, graph_mode=True), cache, hidden, core.dtype)
+        code2wav = self.code2wav.rows[index] if self.code2wav is not None else None
+        talker = self.talker.rows[index] if self.talker is not None else None
+        return Slot(index, cache, prefill, talker, code2wav, torch.Generator(device=core.device))
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def capture(self, talker_sampling: Sampling, predictor_sampling: Sampling) -> None:
+        """The batched steps for every batch size (CUDA graphs on the GPU), so no call captures any."""
+        for rows in batch_sizes(len(self.slots)):
+            self._thinker_step(rows)
+            if self.talker is not None:
+                self.talker.capture(rows, talker_sampling, predictor_sampling)
+                self.code2wav.capture(rows)
+
+    def acquire(self) -> Slot | None:
+        """The lowest free slot, or None when every slot is taken."""
+        with self._lock:
+            return self.slots[self._free.pop(0)] if self._free else None
+
+    def release(self, slot: Slot) -> None:
+        """Give a slot back; `reset` clears it when it is next taken."""
+        with self._lock:
+            if slot.index not in self._free:
+                self._free.append(slot.index)
+                self._free.sort()
+
+    # ----- the Thinker ----------------------------------------------------------------------------------------
+    def thinker_stack(self, embeds: torch.Tensor, cache: StaticKVCache, graph_mode: bool = True,
+                      positions: torch.Tensor | None = None, deepstack=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Thinker layers over `embeds`; also returns the hidden states the Talker reads (accept_hidden_layer)."""
+        lm = self.core.model.thinker.model.language_model
+        capture = self.core.model.config.talker_config.accept_hidden_layer if self.talker is not None else None
+        hidden, captured = run_stack(lm, embeds, cache, mrope=True, capture_layer=capture, graph_mode=graph_mode,
+                                     positions=positions, deepstack=deepstack)
+        return hidden, hidden if captured is None else captured
+
+    def _thinker_step(self, rows: int) -> CapturedStep:
+        if rows not in self._thinker_steps:
+            view = self._views.setdefault(rows, self.cache.batch_view(rows))
+            view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
+
+            def logits(ids: torch.Tensor) -> torch.Tensor:
+                lm = self.core.model.thinker.model.language_model
+                hidden, _ = run_stack(lm, lm.embed_tokens(ids), view, mrope=True, graph_mode=True)
+                return self.core.model.thinker.lm_head(hidden[:, -1])
+
+            self._thinker_steps[rows] = CapturedStep(logits, torch.zeros(rows, 1, dtype=torch.long,
+                                                                         device=self.core.device),
+                                                     stream=self.side_stream, graph=self.graphs)
+        return self._thinker_steps[rows]
+
+    def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool) -> None:
+        """Queue the next Thinker token of a batch: `rows[i]` is (slot, previous token, generator) for row i, or
+        None where row i sits the step out. With `overlap` (and a side stream) the step runs on the side stream,
+        next to whatever the main stream does until `tokens()` is called."""
+        count = len(rows)
+        step = self._thinker_step(count)  # (a capture sets the positions: before they are filled in)
+        view = self._views[count]
+        self._step_inputs.wait_sent()
+        self._ids.wait_sent()
+        host, ids = self._step_inputs.host, self._ids.host
+        host[0], host[1], ids[:] = self.cache.scratch, 0, 0
+        for i, row in enumerate(rows):
+            if row is not None:
+                slot, previous, _ = row
+                slot.cache.begin(1)
+                host[0, i], host[1, i], ids[i, 0] = slot.cache.length, slot.cache.rope_delta, previous
+        stream = self.side_stream if overlap and self.side_stream is not None else torch.cuda.current_stream() \
+            if self.graphs else None
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with context:
+            inputs = self._step_inputs.send()
+            view.position.copy_(inputs[0, :count])
+            view.rope_delta_tensor.copy_(inputs[1, :count])
+            logits = step(self._ids.send()[:count])
+            self._tokens.start(choose_rows(logits, [r and r[2] for r in rows], samplings))
+        for row in rows:
+            if row is not None:
+                row[0].cache.commit()
+
+    def tokens(self) -> list[int]:
+        """The tokens of the batch `start_tokens` queued (waits for that step only)."""
+        return self._tokens.get().tolist()
+
+
+def choose_rows(logits: torch.Tensor, generators: list, samplings: list[Sampling]) -> torch.Tensor:
+    """One token per row of `logits` [rows, vocab], row i drawn under `samplings[i]` with `generators[i]` (rows
+    whose generator is None sit out: their token is the greedy one and unused). Rows whose settings differ only
+    in `greedy` are drawn together: a greedy row gets zero noise, and the argmax survives every cut."""
+    groups: dict[Sampling, list[int]] = {}
+    for i, sampling in enumerate(samplings):
+        groups.setdefault(replace(sampling, greedy=False), []).append(i)
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for shared, members in groups.items():
+        drawn = {i for i in members if generators[i] is not None and not samplings[i].greedy}
+        noise = None
+        if drawn:
+            noise = torch.stack([gumbel_noise((logits.shape[1],), generators[i], logits.device) if i in drawn
+                                 else logits.new_zeros(logits.shape[1], dtype=torch.float32) for i in members])
+        index = torch.tensor(members, device=logits.device) if len(members) < logits.shape[0] else None
+        rows = logits if index is None else logits.index_select(0, index)
+        chosen = choose(rows, shared if drawn else replace(shared, greedy=True), noise=noise)
+        if index is None:
+            tokens = chosen
+        else:
+            tokens.index_copy_(0, index, chosen)
+    return tokens

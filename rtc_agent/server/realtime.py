@@ -1,0 +1,423 @@
+"""The OpenAI Realtime API (GA) spoken over a call's conversation, for both transports.
+
+`RealtimeEvents` is the one translator between a `Conversation` and a Realtime client, whether the client came
+over WebRTC (`/v1/realtime/calls`, events on the `oai-events` data channel, audio over RTP) or over the
+WebSocket (`/v1/realtime`, audio as base64 PCM16 in the events). It turns the conversation's events into the GA
+server events (with an `event_id` each, and the item and response ids a Realtime client tracks) and the client's
+events into conversation calls. What this server cannot do gets an `error` event, never silence.
+
+The turn-taking, barge-in and engine underneath are the conversation's, the same as for our own page.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import itertools
+import json
+import secrets
+from typing import Any, Callable, Literal
+
+from ..config import TurnSettings
+from ..conversation import Conversation, ConversationError
+from ..media.outbound import PACKET_S
+from ..media.pcm import PCM_RATE
+from .protocol import ProtocolError, SessionUpdate, parse_client_message, turn_description
+
+Transport = Literal["webrtc", "websocket"]
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # an append of ~2.5 minutes of audio
+MAX_TEXT_CHARS = 8000
+PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
+# session fields a client may send with the one value this server has (sent by SDKs with their defaults)
+FIXED = {
+    "output_modalities": (["audio"],),
+    "tool_choice": ("auto", "none"),
+    "tools": ([],),
+    "max_output_tokens": ("inf",),
+    "truncation": ("auto",),
+    "include": (None, []),
+    "parallel_tool_calls": (False, True),
+}
+IGNORED = ("model", "tracing")  # one model here; tracing is OpenAI's dashboard, there is nothing to trace to
+
+
+class RealtimeError(Exception):
+    """A Realtime `error` event: bad or unsupported input; nothing changes."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def _unsupported(param: str, what: str) -> RealtimeError:
+    return RealtimeError("unsupported_value", f"{param}: {what} is not supported by this server", param)
+
+
+def _check_format(value: Any, param: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or value.get("type") != "audio/pcm" or value.get("rate", PCM_RATE) != PCM_RATE:
+        raise _unsupported(param, f"{json.dumps(value)[:80]} (audio/pcm at {PCM_RATE} Hz is)")
+
+
+def _turn_detection(value: Any, param: str) -> Any:
+    """GA turn_detection -> ours: create_response and interrupt_response are always true here."""
+    if not isinstance(value, dict):
+        return value
+    value = dict(value)
+    for key in ("create_response", "interrupt_response"):
+        if value.pop(key, True) is not True:
+            raise _unsupported(f"{param}.{key}", "false")
+    if value.pop("idle_timeout_ms", None) is not None:
+        raise _unsupported(f"{param}.idle_timeout_ms", "an idle timeout")
+    return value
+
+
+def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
+    """A GA session object (session.update, a call's `session` part, a client secret's) -> our SessionUpdate.
+    RealtimeError or ProtocolError for what cannot be applied."""
+    if not isinstance(session, dict):
+        raise RealtimeError("invalid_value", "session must be an object", "session")
+    ours: dict[str, Any] = {}
+    for key, value in session.items():
+        param = f"session.{key}"
+        if key == "type":
+            if value != "realtime":
+                raise _unsupported(param, repr(value))
+        elif key == "instructions":
+            ours["instructions"] = value
+        elif key == "audio":
+            ours.update(_audio(value, param))
+        elif key in FIXED:
+            if value not in FIXED[key]:
+                raise _unsupported(param, json.dumps(value)[:80])
+        elif key not in IGNORED:
+            raise RealtimeError("unknown_parameter", f"{param} is not supported by this server", param)
+    return parse_client_message(json.dumps({"type": "session.update", "session": ours}), turn)
+
+
+def _audio(audio: Any, param: str) -> dict[str, Any]:
+    if not isinstance(audio, dict) or set(audio) - {"input", "output"}:
+        raise RealtimeError("invalid_value", f"{param} takes input and output", param)
+    for side in ("input", "output"):
+        if not isinstance(audio.get(side) or {}, dict):
+            raise RealtimeError("invalid_value", f"{param}.{side} must be an object", f"{param}.{side}")
+    ours: dict[str, Any] = {}
+    for key, value in (audio.get("input") or {}).items():
+        p = f"{param}.input.{key}"
+        if key == "format":
+            _check_format(value, p)
+        elif key in ("transcription", "noise_reduction"):
+            if value is not None:
+                raise _unsupported(p, "anything but null")
+        elif key == "turn_detection":
+            ours["turn_detection"] = _turn_detection(value, p)
+        else:
+            raise RealtimeError("unknown_parameter", f"{p} is not supported by this server", p)
+    for key, value in (audio.get("output") or {}).items():
+        p = f"{param}.output.{key}"
+        if key == "format":
+            _check_format(value, p)
+        elif key == "voice":
+            ours["voice"] = value
+        elif key == "speed":
+            if value not in (None, 1, 1.0):
+                raise _unsupported(p, "a speed other than 1")
+        else:
+            raise RealtimeError("unknown_parameter", f"{p} is not supported by this server", p)
+    return ours
+
+
+def session_object(session_id: str, model: Any, voice: str, instructions: str, turn: TurnSettings) -> dict[str, Any]:
+    """The GA session object of session.created / session.updated and of a client secret."""
+    detection = turn_description(turn)
+    if detection is not None:
+        detection = {**detection, "create_response": True, "interrupt_response": True, "idle_timeout_ms": None}
+    return {
+        "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
+        "output_modalities": ["audio"], "instructions": instructions, "tools": [], "tool_choice": "auto",
+        "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
+        "audio": {
+            "input": {"format": PCM_FORMAT, "transcription": None, "noise_reduction": None,
+                      "turn_detection": detection},
+            "output": {"format": PCM_FORMAT, "voice": voice, "speed": 1.0},
+        },
+    }
+
+
+@dataclasses.dataclass
+class _Response:
+    id: str
+    item_id: str
+    previous_item_id: str | None
+    transcript: str = ""
+    audio_started: bool = False
+    cancel_reason: str = "turn_detected"
+
+
+class RealtimeEvents:
+    """One Realtime client's side of a conversation. `send` puts an event on the transport."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], transport: Transport, session_id: str, model: Any,
+                 voice: str, instructions: str) -> None:
+        self._send = send
+        self.transport = transport
+        self.session_id = session_id
+        self.model = model
+        self.voice, self.instructions = voice, instructions
+        self.conversation: Conversation | None = None
+        self.on_audio: Callable[[bytes], None] | None = None  # input_audio_buffer.append (WebSocket only)
+        self._ids = itertools.count(1)
+        self._last_item: str | None = None  # the conversation's latest item
+        self._user_item: str | None = None  # the caller's item being spoken
+        self._responses: dict[str, _Response] = {}  # by id: a cut answer may still wind down as the next begins
+        self._response: _Response | None = None  # the newest answer
+        self._last_answer: str | None = None  # the latest answer's item (conversation.item.truncate names it)
+
+    def bind(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+
+    # ---- out ----------------------------------------------------------------------------------------------
+    def emit(self, type_: str, **fields: Any) -> None:
+        self._send({"type": type_, "event_id": f"event_{secrets.token_hex(8)}", **fields})
+
+    def error(self, code: str, message: str, param: str | None = None, client_event: Any = None,
+              kind: str = "invalid_request_error") -> None:
+        self.emit("error", error={"type": kind, "code": code, "message": message, "param": param,
+                                  "event_id": client_event if isinstance(client_event, str) else None})
+
+    def opened(self) -> None:
+        """The transport is up: session.created."""
+        self.emit("session.created", session=self.description())
+
+    def description(self) -> dict[str, Any]:
+        return session_object(self.session_id, self.model, self.voice, self.instructions, self.conversation.turn)
+
+    def apply(self, update: SessionUpdate) -> None:
+        """A parsed session update (ProtocolError when the conversation refuses a value)."""
+        try:
+            self.conversation.update(update.voice, update.instructions, update.turn)
+        except ValueError as exc:
+            raise ProtocolError("invalid_value", str(exc)) from None
+        self.voice = update.voice or self.voice
+        self.instructions = update.instructions if update.instructions is not None else self.instructions
+
+    def audio_frame(self, pcm: bytes) -> None:
+        """One 80 ms frame of the current answer as PCM16 (WebSocket transport)."""
+        r = self._response
+        if r is None:
+            return
+        self.emit("response.output_audio.delta", response_id=r.id, item_id=r.item_id, output_index=0,
+                  content_index=0, delta=base64.b64encode(pcm).decode())
+
+    def conversation_event(self, event: dict[str, Any]) -> None:
+        """The conversation's own events, as GA events."""
+        kind = event["type"]
+        if kind == "input_audio_buffer.speech_started":
+            self._user_item = self._new_id("item")
+            self.emit(kind, audio_start_ms=event["audio_start_ms"], item_id=self._user_item)
+        elif kind == "input_audio_buffer.speech_stopped":
+            self.emit(kind, audio_end_ms=event["audio_end_ms"], item_id=self._user_item or self._new_id("item"))
+        elif kind == "input_audio_buffer.committed":
+            item_id, self._user_item = self._user_item or self._new_id("item"), None
+            self.emit(kind, previous_item_id=self._last_item, item_id=item_id)
+            self._add_item({"id": item_id, "type": "message", "role": "user", "status": "completed",
+                            "content": [{"type": "input_audio", "transcript": None}]})
+        elif kind == "input_audio_buffer.cleared":
+            self._user_item = None
+            self.emit(kind)
+        elif kind == "response.created":
+            self._response_created(event["response"]["id"])
+        elif kind == "response.output_audio_transcript.delta":
+            r = self._responses.get(event["response_id"])
+            if r is not None:
+                r.transcript += event["delta"]
+                self.emit(kind, response_id=r.id, item_id=r.item_id, output_index=0, content_index=0,
+                          delta=event["delta"])
+        elif kind == "response.done":
+            self._response_done(event["response"])
+        elif kind == "conversation.state":
+            r = self._response
+            if event["state"] == "speaking" and r is not None and self.transport == "webrtc":
+                r.audio_started = True
+                self.emit("output_audio_buffer.started", response_id=r.id)
+        elif kind == "error":
+            error = event["error"]
+            self.error(error["code"], error["message"], kind=error.get("type", "server_error"))
+
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}_{self.session_id[-8:]}{next(self._ids):04d}"
+
+    def _add_item(self, item: dict[str, Any]) -> None:
+        self.emit("conversation.item.added", previous_item_id=self._last_item, item=item)
+        self.emit("conversation.item.done", previous_item_id=self._last_item, item=item)
+        self._last_item = item["id"]
+
+    def _item(self, r: _Response, status: str) -> dict[str, Any]:
+        return {"id": r.item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
+                "content": [{"type": "output_audio", "transcript": r.transcript}] if status != "in_progress" else []}
+
+    def _response_object(self, r: _Response, status: str, **more: Any) -> dict[str, Any]:
+        return {"id": r.id, "object": "realtime.response", "status": status, "status_details": None,
+                "conversation_id": f"conv_{self.session_id}", "output_modalities": ["audio"],
+                "max_output_tokens": "inf", "audio": {"output": {"format": PCM_FORMAT, "voice": self.voice}},
+                "usage": None, "metadata": None, **more}
+
+    def _response_created(self, response_id: str) -> None:
+        r = self._response = self._responses[response_id] = _Response(response_id, self._new_id("item"),
+                                                                      self._last_item)
+        self._last_answer = r.item_id
+        self.emit("response.created", response=self._response_object(r, "in_progress", output=[]))
+        item = self._item(r, "in_progress")
+        self.emit("response.output_item.added", response_id=r.id, output_index=0, item=item)
+        self.emit("conversation.item.added", previous_item_id=r.previous_item_id, item=item)
+        self._last_item = r.item_id
+        self.emit("response.content_part.added", response_id=r.id, item_id=r.item_id, output_index=0,
+                  content_index=0, part={"type": "audio", "transcript": ""})
+
+    def _response_done(self, done: dict[str, Any]) -> None:
+        r = self._responses.pop(done["id"], None)
+        if r is None:
+            return
+        if self._response is r:
+            self._response = None
+        where = {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
+        if self.transport == "websocket":
+            self.emit("response.output_audio.done", **where)
+        self.emit("response.output_audio_transcript.done", **where, transcript=r.transcript)
+        self.emit("response.content_part.done", **where, part={"type": "audio", "transcript": r.transcript})
+        status = done["status"]
+        item = self._item(r, "completed" if status == "completed" else "incomplete")
+        self.emit("response.output_item.done", response_id=r.id, output_index=0, item=item)
+        self.emit("conversation.item.done", previous_item_id=r.previous_item_id, item=item)
+        details = None
+        if status == "cancelled":
+            details = {"type": "cancelled", "reason": r.cancel_reason}
+        elif status == "failed":
+            details = {"type": "failed", "error": {"type": "server_error", "code": "engine_error"}}
+        response = self._response_object(r, status, output=[item], metrics=done.get("metrics"))
+        response["status_details"] = details
+        self.emit("response.done", response=response)
+        if self.transport == "webrtc" and r.audio_started:
+            self.emit("output_audio_buffer.cleared" if done.get("interrupted") else "output_audio_buffer.stopped",
+                      response_id=r.id)
+
+    # ---- in -----------------------------------------------------------------------------------------------
+    def receive(self, text: Any) -> None:
+        """One client event (a text frame); errors become `error` events."""
+        event_id = None
+        try:
+            if not isinstance(text, str) or len(text) > MAX_EVENT_BYTES:
+                raise RealtimeError("invalid_json", "events are JSON text of at most 8 MiB")
+            try:
+                event = json.loads(text)
+            except ValueError:
+                raise RealtimeError("invalid_json", "the event is not JSON") from None
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                raise RealtimeError("invalid_json", 'an event is a JSON object with a "type"')
+            event_id = event.get("event_id")
+            handler = self._handlers.get(event["type"])
+            if handler is None:
+                raise RealtimeError("unknown_event", f"{event['type'][:100]!r} is not supported by this server",
+                                    "type")
+            handler(self, event)
+        except RealtimeError as exc:
+            self.error(exc.code, exc.message, exc.param, event_id)
+        except (ProtocolError, ConversationError) as exc:
+            self.error(exc.code, exc.message, None, event_id)
+
+    def _session_update(self, event: dict[str, Any]) -> None:
+        self.apply(parse_session(event.get("session"), self.conversation.turn))
+        self.emit("session.updated", session=self.description())
+
+    def _append(self, event: dict[str, Any]) -> None:
+        if self.on_audio is None:
+            raise RealtimeError("unsupported_event", "on a WebRTC call the caller's audio comes over RTP", "type")
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            raise RealtimeError("invalid_value", "audio must be base64 PCM16", "audio")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise RealtimeError("invalid_value", "audio is not valid base64", "audio") from None
+        self.on_audio(data)
+
+    def _commit(self, event: dict[str, Any]) -> None:
+        self.conversation.commit(respond=False)
+
+    def _clear(self, event: dict[str, Any]) -> None:
+        self.conversation.clear_input()
+
+    def _item_create(self, event: dict[str, Any]) -> None:
+        item = event.get("item")
+        if not isinstance(item, dict) or item.get("type", "message") != "message" or item.get("role") != "user":
+            raise RealtimeError("unsupported_value", "only user messages can be added", "item")
+        content = item.get("content")
+        if not isinstance(content, list) or not content or not all(
+                isinstance(c, dict) and c.get("type") == "input_text" and isinstance(c.get("text"), str)
+                for c in content):
+            raise RealtimeError("unsupported_value", "a user message here is input_text content", "item.content")
+        text = "".join(c["text"] for c in content)
+        if not text.strip() or len(text) > MAX_TEXT_CHARS:
+            raise RealtimeError("invalid_value", f"the text must be 1 to {MAX_TEXT_CHARS} characters",
+                                "item.content")
+        if event.get("previous_item_id") not in (None, self._last_item):
+            raise _unsupported("previous_item_id", "inserting before the conversation's end")
+        item_id = item.get("id") if isinstance(item.get("id"), str) else self._new_id("item")
+        self.conversation.add_text(text)
+        self._add_item({"id": item_id[:64], "object": "realtime.item", "type": "message", "role": "user",
+                        "status": "completed", "content": [{"type": "input_text", "text": text}]})
+
+    def _response_create(self, event: dict[str, Any]) -> None:
+        params = event.get("response") or {}
+        if not isinstance(params, dict):
+            raise RealtimeError("invalid_value", "response must be an object", "response")
+        for key, value in params.items():
+            if key == "conversation" and value == "auto" or key in FIXED and value in FIXED[key]:
+                continue
+            raise _unsupported(f"response.{key}", "a per-response setting")
+        self.conversation.create_response()
+
+    def _response_cancel(self, event: dict[str, Any]) -> None:
+        r = self._response
+        wanted = event.get("response_id")
+        if wanted is not None and (r is None or wanted != r.id):
+            raise RealtimeError("response_cancel_not_active", f"{str(wanted)[:64]} is not the active response",
+                                "response_id")
+        if r is not None:
+            r.cancel_reason = "client_cancelled"
+        self.conversation.cancel_response()
+
+    def _output_clear(self, event: dict[str, Any]) -> None:
+        if self.transport != "webrtc":
+            raise RealtimeError("unsupported_event", "output_audio_buffer.clear is for WebRTC calls", "type")
+        r = self._response
+        if r is not None:
+            r.cancel_reason = "client_cancelled"
+            try:
+                self.conversation.cancel_response()  # its response.done says output_audio_buffer.cleared
+            except ConversationError:
+                pass  # already cut (a response.cancel came first): its audio is being cleared
+
+    def _truncate(self, event: dict[str, Any]) -> None:
+        item_id, end_ms = event.get("item_id"), event.get("audio_end_ms")
+        if item_id is None or item_id != self._last_answer:
+            raise RealtimeError("invalid_value", "only the latest answer's item can be truncated", "item_id")
+        if event.get("content_index", 0) != 0:
+            raise RealtimeError("invalid_value", "an answer has one content part (index 0)", "content_index")
+        if isinstance(end_ms, bool) or not isinstance(end_ms, int) or end_ms < 0:
+            raise RealtimeError("invalid_value", "audio_end_ms must be a whole number >= 0", "audio_end_ms")
+        self.conversation.truncate_answer(int(end_ms / 1000 / PACKET_S))
+        self.emit("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms)
+
+    _handlers: dict[str, Callable[["RealtimeEvents", dict[str, Any]], None]] = {
+        "session.update": _session_update,
+        "input_audio_buffer.append": _append,
+        "input_audio_buffer.commit": _commit,
+        "input_audio_buffer.clear": _clear,
+        "conversation.item.create": _item_create,
+        "response.create": _response_create,
+        "response.cancel": _response_cancel,
+        "output_audio_buffer.clear": _output_clear,
+        "conversation.item.truncate": _truncate,
+    }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Many callers through the real server on a GPU machine (docs/PERFORMANCE.md, "Several callers"): the engine bench
+# for 1 and 8 sessions, then `rtc-agent serve` and `rtc-agent loadtest` with 1, 4, 8 and 16 callers at once, 8
+# callers joining one after another while the others are mid-answer, and one caller with the camera on.
+# Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_loadtest.sh [WAV] [VIDEO_WAV]
+set -u
+out=${OUT:-artifacts/loadtest}; mkdir -p "$out"
+model=${MODEL:-synthetic:30b-a3b}
+wav=${1:-question.wav}
+video_wav=${2:-two_turn.wav}
+url=http://127.0.0.1:${PORT:-8080}
+export PYTHONUNBUFFERED=1
+summary() {  # one line per run: what the issue's targets read
+    python3 - "$1" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))["overall"]
+print(sys.argv[1], {k: o.get(k) for k in ("connected", "answered", "heard_ms", "server_ttfp_ms", "engine_ttfp_ms",
+                                          "interval_ms_p90", "frames_late", "frames_dropped", "gaps", "failures")})
+PY
+}
+for sessions in 1 8; do
+    timeout 150 python3 -m rtc_agent.engine.bench --model "$model" --sessions "$sessions" --turns 3 --json \
+        > "$out/bench-$sessions.json" 2> "$out/bench-$sessions.err" && cat "$out/bench-$sessions.json"
+done
+python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 --max-sessions 16 \
+    --max-answer-s 12 > "$out/serve.log" 2>&1 &
+server=$!
+loadtest() {
+    local name=$1; shift
+    timeout 150 python3 -m rtc_agent.cli loadtest "$url" --wav "$wav" --retry-s 200 --ice-host-address 127.0.0.1 \
+        --json "$@" > "$out/$name.json" 2> "$out/$name.err"
+    summary "$out/$name.json"
+}
+loadtest loadtest-1 --callers 1 --turns 3
+loadtest loadtest-4 --callers 4
+loadtest loadtest-8 --callers 8
+loadtest loadtest-16 --callers 16
+loadtest loadtest-8-joining --callers 8 --ramp-s 7
+timeout 120 python3 -m rtc_agent.cli call "$url" --wav "$video_wav" --video --json --ice-host-address 127.0.0.1 \
+    > "$out/call-video-1.json" 2> "$out/call-video-1.err"
+python3 - "$out/call-video-1.json" <<'PY'
+import json, sys
+for t in json.load(open(sys.argv[1]))["turns"]:
+    m = t["server"] or {}
+    print("video turn:", {"heard_ms": t["client_latency_ms"], "server_ttfp_ms": m.get("ttfp_ms"),
+                          "engine": {k: (m.get("engine") or {}).get(k) for k in ("ttft_ms", "ttfp_ms")},
+                          "frames_late": m.get("frames_late")})
+PY
+kill "$server"; wait "$server"
+grep -E "slots|GB" "$out/serve.log" | head -5

@@ -1,0 +1,106 @@
+"""Several sessions at once: each answer is the same batched as alone (greedy, tiny model on the CPU), slots are
+reused, and a full engine refuses a session cleanly."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
+from rtc_agent.engine import EngineFullError
+
+TOKENS, FRAMES = 6, 10
+
+
+def _answer(result) -> tuple[list[int], list[tuple[int, ...]]]:
+    texts, frames, done = result
+    return list(done.token_ids), [f.codes for f in frames]
+
+
+def _recording_steps(engine) -> tuple[list[int], object]:
+    """Record how many answers each step of the engine's worker advances; returns the list and the step to put
+    back."""
+    sizes: list[int] = []
+    step = engine._worker._step
+
+    def recording(answers):
+        sizes.append(len(answers))
+        step(answers)
+
+    engine._worker._step = recording
+    return sizes, step
+
+
+def test_answers_are_the_same_batched_as_alone():
+    engine = engine_for(prefill_chunk_s=0)
+    audios = [caller_audio(2.0, seed=1), caller_audio(1.3, seed=2), caller_audio(2.6, seed=3)]  # other lengths
+    alone = []
+    for audio in audios:
+        session = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+        alone.append(_answer(run(one_turn(session, audio))))
+        run(session.close())
+    sizes, step = _recording_steps(engine)
+    try:
+        sessions = [engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES)) for _ in audios]
+
+        async def together():  # every caller's turn in first, then all answers at once
+            for session, audio in zip(sessions, audios):
+                await session.push_audio(audio)
+            return await asyncio.gather(*(one_turn(s, a[:0]) for s, a in zip(sessions, audios)))
+
+        batched = [_answer(result) for result in run(together())]
+        for session in sessions:
+            run(session.close())
+    finally:
+        engine._worker._step = step
+    assert max(sizes) >= 2  # answers really were stepped together
+    assert batched == alone
+
+
+def test_a_caller_joining_mid_answer_changes_nothing_for_the_others():
+    engine = engine_for(prefill_chunk_s=0)
+    first_audio, second_audio = caller_audio(2.0, seed=4), caller_audio(1.5, seed=5)
+    reference = []
+    for audio in (first_audio, second_audio):
+        session = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+        reference.append(_answer(run(one_turn(session, audio))))
+        run(session.close())
+
+    async def joined():
+        first = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+        second = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+        for start in range(0, len(first_audio), 320):
+            await first.push_audio(first_audio[start:start + 320])
+        frames, results = [], []
+
+        async def listen():
+            async for event in first.respond():
+                frames.append(event)
+                if len(frames) == 3:  # the second caller talks while the first one's answer streams
+                    results.append(await one_turn(second, second_audio))
+
+        await listen()
+        await first.close()
+        await second.close()
+        return frames, results[0]
+
+    frames, second_result = run(joined())
+    done = frames[-1]
+    assert (list(done.token_ids), [f.codes for f in frames if hasattr(f, "codes")]) == reference[0]
+    assert _answer(second_result) == reference[1]
+
+
+def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():
+    engine = engine_for(prefill_chunk_s=0)
+    sessions = []
+    with pytest.raises(EngineFullError):
+        for _ in range(len(engine.pool) + 1):
+            sessions.append(engine.new_session(greedy()))
+    assert len(sessions) == len(engine.pool) and engine.pool.free == 0
+    run(sessions[0].close())
+    again = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))  # the freed slot, reset
+    texts, frames, done = run(one_turn(again, caller_audio(1.0)))
+    assert frames and done.frames == len(frames)
+    for session in [again, *sessions[1:]]:
+        run(session.close())
+    assert engine.pool.free == len(engine.pool)

@@ -1,0 +1,102 @@
+"""`rtc-agent loadtest` as a user runs it (a subprocess), against a real server (tiny model) over loopback."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rtc_agent.cli import main
+
+from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
+from rtc_support import SENTENCE, needs_espeak, run, server, wait_ready
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def wav(tmp_path: Path) -> str:
+    path = tmp_path / "speech.wav"
+    subprocess.run(["espeak-ng", "-w", str(path), SENTENCE], check=True, capture_output=True)
+    return str(path)
+
+
+async def loadtest(url: str, *args: str) -> tuple[int, str, str]:
+    await wait_ready(url)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rtc_agent.cli", "loadtest", url, "--ice-host-address", "127.0.0.1", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    return proc.returncode, out.decode(), err.decode()
+
+
+@needs_espeak
+def test_two_callers_both_get_answers_and_the_json_has_every_field(wav: str) -> None:
+    async def main_() -> None:
+        async with server(max_sessions=2) as (url, _):
+            code, out, err = await loadtest(url, "--callers", "2", "--wav", wav, "--json")
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["settings"]["callers"] == 2 and report["utterances"] == 1
+        overall = report["overall"]
+        assert (overall["callers"], overall["connected"], overall["failed"], overall["failures"]) == (2, 2, 0, {})
+        assert (overall["turns"], overall["answered"]) == (2, 2)
+        for key in ("heard_ms", "server_ttfp_ms", "engine_ttfp_ms", "engine_frame_ms_p90", "interval_ms_p90"):
+            assert overall[key]["n"] == 2 and 0 < overall[key]["p50"] <= overall[key]["p90"] <= overall[key]["max"]
+        assert overall["frames_sent"] > 0 and overall["frames_dropped"] == 0
+        assert {"frames_late", "gaps", "max_gap_ms", "client_loop_lag_ms_max"} <= overall.keys()
+
+        callers = report["callers"]
+        assert [c["caller"] for c in callers] == [0, 1]
+        assert len({c["session_id"] for c in callers}) == 2
+        for c in callers:
+            assert c["failure"] is None and c["connected_ms"] > 0 and c["attempts"] == 1
+            (turn,) = c["turns"]
+            assert turn["status"] == "completed" and turn["client_latency_ms"] > 0
+            assert turn["server"]["ttfp_ms"] > 0 and turn["server"]["frames_sent"] > 0
+            # the caller received the answer the server says it sent (plus the encoder's flush packet)
+            assert turn["answer_packets"] >= turn["server"]["frames_sent"]
+            assert turn["gaps"] >= 0 and 0 < turn["interval_ms_p90"] <= turn["max_gap_ms"]
+            assert c["summary"]["answered"] == 1
+
+    run(main_())
+
+
+@needs_espeak
+def test_callers_beyond_max_sessions_are_reported_as_server_full_failures(wav: str) -> None:
+    async def main_() -> None:
+        async with server(max_sessions=1) as (url, _):
+            code, out, err = await loadtest(url, "--callers", "2", "--wav", wav)
+        assert code == 1, err  # a failed caller fails the run, without a traceback
+        assert "Traceback" not in err
+        lines = out.splitlines()
+        refused = [line for line in lines if "server_full" in line and "Retry-After 10 s" in line]
+        answered = [line for line in lines if "sess_" in line and " 1/1 " in line]
+        assert len(refused) == 1 and len(answered) == 1, out
+        assert any(line.startswith("overall: 1/2 connected, 1 failed (1 server_full)") for line in lines), out
+
+    run(main_())
+
+
+@needs_espeak
+def test_with_retry_s_a_refused_caller_comes_back_after_retry_after(wav: str) -> None:
+    async def main_() -> None:
+        async with server(max_sessions=1) as (url, _):
+            code, out, err = await loadtest(url, "--callers", "2", "--wav", wav, "--retry-s", "30", "--json")
+        assert code == 0, err
+        callers = json.loads(out)["callers"]
+        first, second = sorted(c["attempts"] for c in callers)
+        assert first == 1 and second >= 2  # the second waited (Retry-After) until the first had hung up
+        assert all(c["failure"] is None and c["summary"]["answered"] == 1 for c in callers)
+
+    run(main_())
+
+
+def test_bad_arguments_are_refused_before_calling(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["loadtest", "http://127.0.0.1:9", "--callers", "0"]) == 2
+    assert "--callers must be between 1 and 256" in capsys.readouterr().err
+    assert main(["loadtest", "http://127.0.0.1:9", "--wav", "/nonexistent.wav"]) == 2
+    assert "nonexistent.wav" in capsys.readouterr().err
