@@ -13,6 +13,8 @@ VOICES = ("chelsie", "ethan", "aiden")
 VISION_BLOCK = 32  # the vision encoder's patch (16 px) times its spatial merge (2): one Thinker token per block
 MAX_VIDEO_SIDE = 1280
 MAX_VIDEO_FPS = 10.0
+TURN_DETECTIONS = ("server_vad", "semantic_vad")  # the Realtime API's names
+EAGERNESS_LEVELS = ("low", "medium", "high", "auto")  # semantic_vad: how soon a turn may end (media/end_of_turn.py)
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly and in a friendly, spoken style."
 
 
@@ -26,6 +28,8 @@ class TurnSettings:
     min_speech_ms: int = 128  # shorter speech is a false start (cough, click): dropped, no turn
     barge_in_ms: int = 256  # caller speech this long during an answer interrupts it
     auto: bool = True  # False: push-to-talk, only input_audio_buffer.commit ends a turn
+    turn_detection: str = "semantic_vad"  # server_vad: silence_ms ends a turn; semantic_vad: the end-of-turn model
+    eagerness: str = "auto"  # semantic_vad: low | medium | high | auto (README: Turn-taking)
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,10 @@ def validate(s: Settings) -> None:
     for name in ("silence_ms", "min_speech_ms", "barge_in_ms", "prefix_padding_ms"):
         if not 0 <= getattr(t, name) <= 10_000:
             raise ValueError(f"{name} must be between 0 and 10000")
+    if t.turn_detection not in TURN_DETECTIONS:
+        raise ValueError(f"turn_detection must be one of {', '.join(TURN_DETECTIONS)}")
+    if t.eagerness not in EAGERNESS_LEVELS:
+        raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS_LEVELS)}")
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -215,7 +223,12 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instructions", help="default system prompt")
     p.add_argument("--max-answer-s", type=float, help=f"longest spoken answer in seconds (default {d.max_answer_s})")
     p.add_argument("--vad-threshold", type=float, help=f"speech probability threshold (default {t.vad_threshold})")
-    p.add_argument("--silence-ms", type=int, help=f"silence that ends a turn (default {t.silence_ms})")
+    p.add_argument("--turn-detection", choices=TURN_DETECTIONS,
+                   help=f"server_vad: a fixed silence ends a turn; semantic_vad: the end-of-turn model decides "
+                        f"(default {t.turn_detection})")
+    p.add_argument("--eagerness", choices=EAGERNESS_LEVELS,
+                   help=f"semantic_vad: how soon a turn may end (default {t.eagerness})")
+    p.add_argument("--silence-ms", type=int, help=f"server_vad: silence that ends a turn (default {t.silence_ms})")
     p.add_argument("--prefix-padding-ms", type=int, help=f"audio kept before speech start ({t.prefix_padding_ms})")
     p.add_argument("--min-speech-ms", type=int, help=f"shorter speech is ignored (default {t.min_speech_ms})")
     p.add_argument("--barge-in-ms", type=int, help=f"caller speech that interrupts an answer ({t.barge_in_ms})")

@@ -9,6 +9,10 @@ Audio and video share one media clock: the caller audio received since the call 
 time on that clock (pre-roll and held speech go in late, at their own times); a sampled video frame is stamped
 with the clock as it comes in and queued on the same worker, so it reaches the engine before any later audio.
 
+With server_vad a fixed silence (silence_ms) ends the turn. With semantic_vad the end-of-turn model scores the
+turn at the first short silence and again as the silence goes on (media/end_of_turn.py); the turn ends at its
+first confident "complete", or after the eagerness's longest wait.
+
 Events go out through `send` as JSON-ready dicts named after OpenAI Realtime events.
 """
 from __future__ import annotations
@@ -28,10 +32,12 @@ import numpy as np
 from .config import TurnSettings
 from .engine import FLUSH_AFTER_SILENCE_MS
 from .engine.events import ResponseDone, SpeechFrame, TextDelta
+from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
 from .media.outbound import PACKET_S, AnswerOutput, Playout
 from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 
 log = logging.getLogger(__name__)
+NO_SEMANTIC_VAD = "semantic_vad is not available on this server (the end-of-turn model is not installed)"
 
 
 class EngineSession(Protocol):
@@ -72,6 +78,7 @@ class Answer:
     id: str
     turn_end_at: float  # time.monotonic() when the turn was over (hang-over elapsed, or commit)
     speech_end_at: float  # when the caller's speech itself stopped (turn_end_at minus the hang-over)
+    end_of_turn: dict[str, Any] = dataclasses.field(default_factory=dict)  # how the turn's end was decided
     playout: Playout | None = None
     respond_at: float | None = None  # when the engine was asked for the answer (after the turn's audio went in)
     cancelled: bool = False
@@ -86,6 +93,7 @@ class Conversation:
         vad: Callable[[np.ndarray], float],
         turn: TurnSettings,
         on_answer: Callable[[dict[str, Any]], None] = lambda metrics: None,
+        end_of_turn: EndOfTurnScorer | None = None,
     ) -> None:
         self.session = session
         self.track = track
@@ -94,7 +102,10 @@ class Conversation:
         self._send = send
         self._vad = vad
         self._on_answer = on_answer
+        self._scorer = end_of_turn
+        self._semantic: SemanticTurn | None = None  # the end-of-turn model's decisions (semantic_vad)
         self._detector = TurnDetector(turn.vad_threshold, turn.silence_ms, turn.min_speech_ms)
+        self._use_turn_settings(turn)
         self._unpushed: collections.deque[Audio] = self._preroll()
         self._held: list[Audio] = []  # caller speech during an answer, before it counts as a barge-in
         self._in_turn = False
@@ -141,9 +152,22 @@ class Conversation:
             self._in_turn = False
             self._ops.put_nowait(("abort", None))
         elif signal is Signal.ENDED:
-            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms - self.turn.silence_ms)
-            if self.turn.auto:
-                self._end_turn(hangover_ms=self.turn.silence_ms)
+            self._speech_over(self._detector.end_silence_ms)
+        elif self._semantic is not None and self._turn_confirmed and self._detector.active:
+            self._semantic.silence(self._detector.silence_run_ms)
+
+    def _speech_over(self, wait_ms: int) -> None:
+        """The caller's speech ended `wait_ms` ago (the hang-over, or when the end-of-turn model said so)."""
+        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms - wait_ms)
+        if self.turn.auto:
+            self._end_turn(hangover_ms=wait_ms)
+
+    def _turn_complete(self) -> None:
+        """The end-of-turn model's verdict "complete", while the caller is still silent after their speech."""
+        if self._in_turn and self._turn_confirmed and self._detector.active and self._detector.silence_run_ms:
+            wait_ms = self._detector.silence_run_ms
+            self._detector.reset()
+            self._speech_over(wait_ms)
 
     def _during_answer(self, chunk: Audio, signal: Signal | None) -> None:
         if signal is Signal.ONSET or (signal is Signal.CONFIRMED and not self._held):
@@ -166,6 +190,8 @@ class Conversation:
         self._in_turn, self._turn_confirmed = True, False
         self._speech_start_ms = self._clock_ms - CHUNK_MS if start_ms is None else start_ms
         self._unpushed.clear()
+        if self._semantic is not None:
+            self._semantic.start([])
         self._push(chunks)
 
     def _confirm_turn(self) -> None:
@@ -176,6 +202,8 @@ class Conversation:
         """Chunks received one after the other (a run never has a gap) go to the engine at their own time."""
         if chunks:
             self._ops.put_nowait(("audio", Audio(chunks[0].at_ms, np.concatenate([c.samples for c in chunks]))))
+            if self._semantic is not None:
+                self._semantic.add([c.samples for c in chunks])
 
     # ---- caller video -------------------------------------------------------------------------------------
     def see(self, image: np.ndarray) -> None:
@@ -187,19 +215,23 @@ class Conversation:
         self._image_at_ms = self._clock_ms
         self._ops.put_nowait(("image", (image, self._clock_ms / 1000)))
 
-    def _end_turn(self, hangover_ms: int = 0, respond: bool = True) -> None:
-        """The caller's speech is committed; with `respond`, the answer starts."""
+    def _end_turn(self, hangover_ms: int | None = None, respond: bool = True) -> None:
+        """The caller's speech is committed: after `hangover_ms` of silence (automatic turns) or now (None: a
+        commit); with `respond`, the answer starts."""
         self._in_turn = self._turn_confirmed = False
+        end_of_turn = self._end_of_turn_metrics(hangover_ms)
         if not respond:
             self._input_waiting = True
             self._emit("input_audio_buffer.committed")
             return
-        self._start_answer(hangover_ms, committed=True)
+        self._start_answer(hangover_ms or 0, committed=True, end_of_turn=end_of_turn)
 
-    def _start_answer(self, hangover_ms: int = 0, committed: bool = False) -> None:
+    def _start_answer(self, hangover_ms: int = 0, committed: bool = False,
+                      end_of_turn: dict[str, Any] | None = None) -> None:
         now = time.monotonic()
         self._input_waiting = False
-        answer = Answer(id=f"resp_{next(self._ids)}", turn_end_at=now, speech_end_at=now - hangover_ms / 1000)
+        answer = Answer(id=f"resp_{next(self._ids)}", turn_end_at=now, speech_end_at=now - hangover_ms / 1000,
+                        end_of_turn=end_of_turn or {"type": "commit", "wait_ms": None})
         self._answer = answer
         self._detector.min_speech_ms = self.turn.barge_in_ms
         self._set_state(State.THINKING)
@@ -277,12 +309,12 @@ class Conversation:
     def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None) -> None:
         """session.update; the voice and instructions apply from the next answer (ValueError on bad values)."""
         changes = {k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None}
+        if turn is not None and turn.auto and turn.turn_detection == "semantic_vad" and self._scorer is None:
+            raise ValueError(NO_SEMANTIC_VAD)
         if changes:
             self.session.update(**changes)
         if turn is not None:
-            self.turn = turn
-            self._detector.threshold = turn.vad_threshold
-            self._detector.silence_ms = turn.silence_ms
+            self._use_turn_settings(turn)
             self._detector.min_speech_ms = turn.barge_in_ms if self._answer else turn.min_speech_ms
             self._unpushed = collections.deque(self._unpushed, maxlen=self._preroll().maxlen)
 
@@ -290,6 +322,32 @@ class Conversation:
     def last_active_at(self) -> float:
         """time.monotonic() when the caller last spoke or an answer last ran (now, while one is under way)."""
         return time.monotonic() if self._answer is not None else self._active_at
+
+    def _use_turn_settings(self, turn: TurnSettings) -> None:
+        self.turn = turn
+        self._detector.threshold = turn.vad_threshold
+        self._detector.silence_ms = self._detector.end_silence_ms = turn.silence_ms
+        if self._semantic is not None:
+            self._semantic.close()
+            self._semantic = None
+        if turn.auto and turn.turn_detection == "semantic_vad":
+            if self._scorer is None:
+                raise ValueError(NO_SEMANTIC_VAD)
+            eagerness = EAGERNESS[turn.eagerness]
+            self._semantic = SemanticTurn(self._scorer, eagerness, self._turn_complete)
+            self._detector.end_silence_ms = eagerness.max_wait_ms
+
+    def _end_of_turn_metrics(self, wait_ms: int | None) -> dict[str, Any]:
+        """How this turn's end was decided, for response.done (and the end-of-turn wait histogram)."""
+        kind = "commit" if wait_ms is None else self.turn.turn_detection
+        out: dict[str, Any] = {"type": kind, "wait_ms": wait_ms}
+        semantic = self._semantic
+        if semantic is not None:
+            out.update(probability=None if semantic.probability is None else round(semantic.probability, 3),
+                       eagerness=self.turn.eagerness, decisions=len(semantic.decisions),
+                       decision_cpu_ms=[d.cost_ms for d in semantic.decisions])
+            semantic.stop()
+        return out
 
     # ---- answers ------------------------------------------------------------------------------------------
     def _interrupt(self, frames_heard: int | None = None) -> None:
@@ -347,6 +405,7 @@ class Conversation:
             "frames_dropped": playout.frames_dropped,
             "audio_s": round(playout.frames_sent * PACKET_S, 3),
             "interrupted": interrupted,
+            "end_of_turn": answer.end_of_turn,
             "engine": dict(done.metrics) if done else {},
         }
         status = "failed" if error else ("cancelled" if interrupted else "completed")
@@ -423,6 +482,8 @@ class Conversation:
             log.error("engine cancel failed: %r", task.exception())
 
     async def close(self) -> None:
+        if self._semantic is not None:
+            self._semantic.close()
         self.track.interrupt()
         worker, self._worker = self._worker, None  # (its CancelledError's traceback refers back to self)
         tasks = [t for t in (worker, *self._side_tasks) if t is not None]

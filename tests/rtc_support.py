@@ -104,7 +104,9 @@ class RecordingEngine:
 
 
 def settings(**overrides: Any) -> Settings:
-    turn = {k: overrides.pop(k) for k in list(overrides) if k in {f.name for f in dataclasses.fields(TurnSettings)}}
+    """Test server settings; turns are server_vad's fixed silence unless a test asks for semantic_vad."""
+    turn = {"turn_detection": "server_vad"}
+    turn.update({k: overrides.pop(k) for k in list(overrides) if k in {f.name for f in dataclasses.fields(TurnSettings)}})
     base = build_settings({"ice_host_addresses": LOOPBACK, "max_answer_s": 1.0, "port": 0}, env={})
     return dataclasses.replace(base, turn=dataclasses.replace(base.turn, **turn), **overrides)
 

@@ -19,8 +19,8 @@ from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES
 from rtc_support import RecordingSession, engine, run
 
 pytestmark = pytest.mark.timeout(120)
-TURN = TurnSettings(silence_ms=10 * CHUNK_MS, min_speech_ms=4 * CHUNK_MS, barge_in_ms=8 * CHUNK_MS,
-                    prefix_padding_ms=3 * CHUNK_MS)
+TURN = TurnSettings(turn_detection="server_vad", silence_ms=10 * CHUNK_MS, min_speech_ms=4 * CHUNK_MS,
+                    barge_in_ms=8 * CHUNK_MS, prefix_padding_ms=3 * CHUNK_MS)
 
 
 class Script:

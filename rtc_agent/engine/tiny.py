@@ -2,7 +2,9 @@
 
 Its config is `rtc_agent/models/tiny.json` laid over the released config
 (`rtc_agent/models/qwen3-omni-30b-a3b-instruct.json`).
-Weights are random with a fixed seed; the tokenizer is byte-level and built offline, with the special tokens at
+Weights are random with a fixed seed, so it babbles: it is a stand-in for trying the system without the 70 GB
+checkpoint, not a model that understands anything. Its last Code2Wav convolution is scaled up so that the babble
+is audible (about -25 dBFS RMS instead of -53). The tokenizer is byte-level and built offline, with the special tokens at
 their real ids. It is saved once to a cache directory and then loaded through the same `from_pretrained` path as a
 real checkpoint.
 """
@@ -22,6 +24,9 @@ MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 RELEASED_CONFIG = MODELS_DIR / "qwen3-omni-30b-a3b-instruct.json"
 TINY_OVERRIDES = MODELS_DIR / "tiny.json"
 TINY_WEIGHT_SCALE = 0.1
+# Gain on the waveform: the last Code2Wav convolution (no bias) times 25 = +28 dB, from -53 to about -25 dBFS RMS
+# (peaks about -9 dBFS, no clipping); with ±0.1 weights throughout, the random babble is quieter than room noise.
+TINY_OUTPUT_GAIN = 25.0
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +141,8 @@ def save_tiny_checkpoint(path: Path) -> None:
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config)
     fill_random(model, seed=seed, scale=TINY_WEIGHT_SCALE)
+    with torch.no_grad():
+        model.code2wav.decoder[-1].conv.weight.mul_(TINY_OUTPUT_GAIN)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     build_tokenizer(reference).save_pretrained(tmp)

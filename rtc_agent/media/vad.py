@@ -80,20 +80,24 @@ class Signal(enum.Enum):
     ONSET = "onset"  # the first speech chunk: audio starts flowing to the engine
     CONFIRMED = "confirmed"  # speech lasted min_speech_ms: a real turn (speech_started)
     FALSE_START = "false_start"  # speech too short, then silence: drop it
-    ENDED = "ended"  # silence_ms of silence after confirmed speech (speech_stopped)
+    ENDED = "ended"  # end_silence_ms of silence after confirmed speech (speech_stopped)
 
 
 class TurnDetector:
     """Speech probabilities in, turn signals out; one call per 32 ms chunk.
 
     Hysteresis as in silero's own get_speech_timestamps: speech at p >= threshold, silence once p drops below
-    threshold - 0.15, and the silence clock, once running, is only reset by speech.
+    threshold - 0.15, and the silence clock, once running, is only reset by speech. Speech shorter than
+    min_speech_ms is a false start after silence_ms of silence; confirmed speech ends after end_silence_ms
+    (the same by default; semantic_vad sets it to its longest wait and usually ends the turn sooner itself).
     """
 
-    def __init__(self, threshold: float, silence_ms: int, min_speech_ms: int) -> None:
+    def __init__(self, threshold: float, silence_ms: int, min_speech_ms: int, end_silence_ms: int | None = None
+                 ) -> None:
         self.threshold = threshold
         self.silence_ms = silence_ms
         self.min_speech_ms = min_speech_ms
+        self.end_silence_ms = silence_ms if end_silence_ms is None else end_silence_ms
         self.active = False  # between ONSET and FALSE_START/ENDED
         self.confirmed = False
         self.speech_ms = 0
@@ -119,7 +123,7 @@ class TurnDetector:
             return self._maybe_confirm()
         if p < self.neg_threshold or self.silence_run_ms > 0:
             self.silence_run_ms += CHUNK_MS
-            if self.silence_run_ms >= self.silence_ms:
+            if self.silence_run_ms >= (self.end_silence_ms if self.confirmed else self.silence_ms):
                 signal = Signal.ENDED if self.confirmed else Signal.FALSE_START
                 self.reset()
                 return signal

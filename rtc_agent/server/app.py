@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from ..config import VOICES, Settings
+from ..media.end_of_turn import installed_scorer, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
 from .errors import ApiError
@@ -68,6 +69,9 @@ async def _start_engine(app: web.Application) -> None:
 async def _load_engine(state: ServerState) -> None:
     s = state.settings
     try:
+        # The end-of-turn model (semantic_vad): loaded here so that no call waits for it; required when it is
+        # the default turn detection (EndOfTurnUnavailable says how to install it).
+        await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)
         if state.engine is None:
             from ..engine import Engine, EngineOptions
 
@@ -147,6 +151,7 @@ async def client_config(request: web.Request) -> web.Response:
         "voice": s.voice,
         "instructions": s.instructions,
         "turn_detection": turn_description(s.turn),
+        "model": s.model,
         "token_required": bool(s.token),
         "video": {"fps": s.video_fps, "max_side": s.video_max_side},
     })

@@ -15,6 +15,9 @@ class Metrics:
         self.first_packet_ms = Histogram(
             "audio_first_packet_latency_ms", "End of the caller's turn to the answer's first packet handed to RTP",
             buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.end_of_turn_wait_ms = Histogram(
+            "rtc_agent_end_of_turn_wait_ms", "Silence after the caller's speech before the turn was ended, by the "
+            "turn detection that ended it", ["type"], buckets=LATENCY_BUCKETS_MS, registry=r)
         self.gpu_peak_gb = Gauge("gpu_memory_peak_gb", "Peak GPU memory of the engine (0 on CPU)", registry=r)
         self.drop_ratio = Gauge("drop_audio_frame_ratio",
                                 "Answer frames not sent in time / answer frames made", registry=r)
@@ -43,6 +46,9 @@ class Metrics:
         self.turns.labels(status).inc()
         if m["ttfp_ms"] is not None:
             self.first_packet_ms.observe(m["ttfp_ms"])
+        end = m.get("end_of_turn", {})
+        if end.get("wait_ms") is not None:
+            self.end_of_turn_wait_ms.labels(end["type"]).observe(end["wait_ms"])
         self.frames.labels("made").inc(m["frames"])
         self.frames.labels("sent").inc(m["frames_sent"])
         self.frames.labels("late").inc(m["frames_late"])

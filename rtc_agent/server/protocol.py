@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import VOICES, TurnSettings
+from ..config import EAGERNESS_LEVELS, VOICES, TurnSettings
 from . import json_input
 from .errors import ProtocolError
 from .sdp_offer import check_offer
@@ -97,21 +97,32 @@ _TURN_KEYS = {
 }
 
 
+_SERVER_VAD_ONLY = {"silence_duration_ms"}
+
+
 def _turn(value: Any, current: TurnSettings) -> TurnSettings:
     if value is None or value == {"type": "none"}:
         return dataclasses.replace(current, auto=False)
-    if not isinstance(value, dict) or value.get("type", "server_vad") != "server_vad":
-        raise ProtocolError("invalid_value", 'turn_detection must be null or {"type": "server_vad", ...}')
-    changes: dict[str, Any] = {"auto": True}
+    kind = value.get("type", "server_vad") if isinstance(value, dict) else None
+    if kind not in ("server_vad", "semantic_vad"):
+        raise ProtocolError("invalid_value", 'turn_detection must be null, {"type": "server_vad", ...} or '
+                                             '{"type": "semantic_vad", "eagerness"?: ...}')
+    changes: dict[str, Any] = {"auto": True, "turn_detection": kind}
     for key, raw in value.items():
         if key == "type":
             continue
-        if key not in _TURN_KEYS:
-            raise ProtocolError("unknown_parameter", f"turn_detection.{key} is not a setting")
-        name, kind = _TURN_KEYS[key]
+        if key == "eagerness" and kind == "semantic_vad":
+            if raw not in EAGERNESS_LEVELS:
+                raise ProtocolError("invalid_value", f"turn_detection.eagerness must be one of "
+                                                     f"{', '.join(EAGERNESS_LEVELS)}")
+            changes["eagerness"] = raw
+            continue
+        if key not in _TURN_KEYS or (kind == "semantic_vad" and key in _SERVER_VAD_ONLY):
+            raise ProtocolError("unknown_parameter", f"turn_detection.{key} is not a {kind} setting")
+        name, number = _TURN_KEYS[key]
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not -MAX_NUMBER < raw < MAX_NUMBER:
             raise ProtocolError("invalid_value", f"turn_detection.{key} must be a finite number")
-        changes[name] = kind(raw)
+        changes[name] = number(raw)
     turn = dataclasses.replace(current, **changes)
     if not 0.0 < turn.vad_threshold < 1.0:
         raise ProtocolError("invalid_value", "turn_detection.threshold must be between 0 and 1")
@@ -124,9 +135,12 @@ def _turn(value: Any, current: TurnSettings) -> TurnSettings:
 def turn_description(turn: TurnSettings) -> dict[str, Any] | None:
     if not turn.auto:
         return None
-    out: dict[str, Any] = {"type": "server_vad"}
+    out: dict[str, Any] = {"type": turn.turn_detection}
+    if turn.turn_detection == "semantic_vad":
+        out["eagerness"] = turn.eagerness
     for key, (name, _) in _TURN_KEYS.items():
-        out[key] = getattr(turn, name)
+        if turn.turn_detection == "server_vad" or key not in _SERVER_VAD_ONLY:
+            out[key] = getattr(turn, name)
     return out
 
 

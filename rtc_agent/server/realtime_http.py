@@ -13,6 +13,7 @@ what authorizes a request.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import logging
@@ -23,6 +24,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from ..media.end_of_turn import installed_scorer
 from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
 from .realtime_ws import RealtimeSocket
@@ -243,6 +245,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
         engine_session = new_engine_session(state, s.voice, s.instructions)
         vad = await state.vads.acquire()
         try:
+            end_of_turn = await asyncio.to_thread(installed_scorer)
             ws = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
             await ws.prepare(request)
         except BaseException:  # (the client went away during the upgrade)
@@ -250,7 +253,8 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             await engine_session.close()
             raise
         socket = RealtimeSocket(ws, s, engine_session, vad, state.metrics, state.engine.describe().get("model"),
-                                s.voice, s.instructions, on_closed=functools.partial(call_ended, state, vad))
+                                s.voice, s.instructions, on_closed=functools.partial(call_ended, state, vad),
+                                end_of_turn=end_of_turn)
         if update is not None:  # checked when the secret was minted
             socket.realtime.apply(update)
     finally:

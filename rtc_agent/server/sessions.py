@@ -14,6 +14,7 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from ..config import Settings
 from ..conversation import Conversation, ConversationError, EngineSession
+from ..media.end_of_turn import EndOfTurnScorer
 from ..media.inbound import PeerSilent, audio_chunks
 from ..media.outbound import OutboundAudioTrack
 from ..media.vad import CHUNK_SAMPLES, SpeechProbability
@@ -81,7 +82,8 @@ class CallSession:
 
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
-                 on_closed: Callable[["CallSession"], None], realtime: bool = False) -> None:
+                 on_closed: Callable[["CallSession"], None], realtime: bool = False,
+                 end_of_turn: EndOfTurnScorer | None = None) -> None:
         self.id = "sess_" + secrets.token_urlsafe(9)
         self.resume_token = secrets.token_urlsafe(24)
         self.settings = settings
@@ -103,7 +105,7 @@ class CallSession:
                                        instructions) if realtime else None
         send = self.realtime.conversation_event if self.realtime else self.events.send
         self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
-                                         on_answer=self._answered)
+                                         on_answer=self._answered, end_of_turn=end_of_turn)
         if self.realtime:
             self.realtime.bind(self.conversation)
         self._wire(pc)

@@ -2,6 +2,7 @@
 whether it is here, DELETE /api/sessions/{id} hangs up."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from typing import Any
@@ -11,6 +12,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from ..conversation import EngineSession
 from ..media.ice import rtc_configuration
+from ..media.end_of_turn import installed_scorer
 from ..media.inbound import use_low_latency_audio
 from ..media.outbound import PACKET_S, OutboundAudioTrack
 from ..media.vad import SpeechProbability
@@ -123,9 +125,11 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
     engine_session = new_engine_session(state, voice, instructions)
     vad = await state.vads.acquire()
+    end_of_turn = await asyncio.to_thread(installed_scorer)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
-                       instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime)
+                       instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
+                       end_of_turn=end_of_turn)
     try:
         await _answer_offer(pc, offer.sdp, call.track)
     except BaseException:

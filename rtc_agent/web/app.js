@@ -12,7 +12,8 @@ const $ = (id) => document.getElementById(id);
 
 // ---- settings, mode, token ------------------------------------------------------------------------------
 function loadSettings() {
-  const defaults = { voice: "", instructions: "", processing: true, ptt: false, micId: "", camId: "", mode: "" };
+  const defaults = { voice: "", instructions: "", processing: true, ptt: false, turn: "", micId: "", camId: "",
+    mode: "" };
   try {
     return { ...defaults, ...JSON.parse(localStorage.getItem(STORE) || "{}") };
   } catch {
@@ -159,6 +160,7 @@ class App {
         select.value = this.settings.voice || cfg.voice || cfg.voices[0];
       }
       if (cfg.instructions) $("instructions").placeholder = cfg.instructions;
+      $("model-note").hidden = cfg.model !== "tiny";
       return cfg;
     } catch {
       return {};
@@ -175,6 +177,7 @@ class App {
     $("instructions").value = s.instructions;
     $("processing").checked = s.processing;
     $("ptt").checked = s.ptt;
+    $("turn").value = s.turn;
     $("ptt-btn").hidden = !s.ptt;
     document.documentElement.dataset.ptt = s.ptt ? "on" : "off";
     for (const r of document.querySelectorAll('input[name="mode"]')) r.checked = r.value === this.mode;
@@ -381,7 +384,9 @@ class App {
     }
     if (call !== this.call) return;
     if (this.video) await call.setVideoTrack(this.screenTrack || this.camTrack || null);
-    if (this.settings.ptt) call.updateSession({ turn_detection: null });
+    if (this.settings.ptt || this.settings.turn) {
+      call.updateSession({ turn_detection: await this.turnDetection() });
+    }
     this.addNote(this.reconnects ? "Reconnected" : this.responses.size ? "New call" : "Call started");
     this.reconnects = 0;
     this.hideAlert();
@@ -830,6 +835,7 @@ class App {
     s.instructions = $("instructions").value;
     s.processing = $("processing").checked;
     s.ptt = $("ptt").checked;
+    s.turn = $("turn").value;
     s.micId = $("mic-select").value;
     s.camId = $("cam-select").value;
     const mode = document.querySelector('input[name="mode"]:checked')?.value || this.mode;
@@ -848,7 +854,7 @@ class App {
       const update = {};
       if (s.voice !== before.voice && s.voice) update.voice = s.voice;
       if (s.instructions !== before.instructions) update.instructions = s.instructions;
-      if (s.ptt !== before.ptt) update.turn_detection = s.ptt ? null : { type: "server_vad" };
+      if (s.ptt !== before.ptt || s.turn !== before.turn) update.turn_detection = await this.turnDetection();
       if (Object.keys(update).length) {
         this.call.updateSession(update);
         this.addNote(describeUpdate(update));
@@ -863,6 +869,15 @@ class App {
     }
     this.applyTrackEnabled();
     if (this.camOn && s.camId !== before.camId) await this.startCamera();
+  }
+
+  /** session.update's turn_detection for the settings: null (push-to-talk), the chosen kind, or the server's. */
+  async turnDetection() {
+    const s = this.settings;
+    if (s.ptt) return null;
+    if (!s.turn) return (await this.config)?.turn_detection ?? { type: "semantic_vad" };
+    const [type, eagerness] = s.turn.split(":");
+    return eagerness ? { type, eagerness } : { type };
   }
 
   // ---- stats, wake lock ---------------------------------------------------------------------------------
@@ -1013,7 +1028,11 @@ function describeUpdate(u) {
   const parts = [];
   if (u.voice) parts.push(`voice ${u.voice}`);
   if ("instructions" in u) parts.push("instructions");
-  if ("turn_detection" in u) parts.push(u.turn_detection ? "automatic turns" : "push-to-talk");
+  const turn = u.turn_detection;
+  if ("turn_detection" in u) {
+    parts.push(!turn ? "push-to-talk" : turn.type === "semantic_vad" ? `smart turns (${turn.eagerness ?? "auto"})`
+      : "fixed-silence turns");
+  }
   return `Updated: ${parts.join(", ")}`;
 }
 

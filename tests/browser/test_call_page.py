@@ -202,6 +202,26 @@ def test_push_to_talk(new_page: Callable[..., Any], server: Server, artifacts: P
     page.get_by_role("button", name="Hang up").click()
 
 
+def test_turn_setting_and_the_tiny_model_note(new_page: Callable[..., Any], server: Server) -> None:
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call")
+    assert page.locator("#model-note").is_visible()  # the server runs the babbling tiny model: the page says so
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("When is my turn over?").select_option("semantic_vad:low")
+    page.get_by_role("button", name="Apply").click()
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.sessionInfo && rtcAgent.events.includes('session.updated') "
+               "&& rtcAgent.sessionInfo.turn_detection.type === 'semantic_vad' "
+               "&& rtcAgent.sessionInfo.turn_detection.eagerness === 'low'", 10)
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("When is my turn over?").select_option("server_vad")
+    page.get_by_role("button", name="Apply").click()
+    wait(page, "rtcAgent.sessionInfo.turn_detection.type === 'server_vad'", 10)
+    assert app(page, "rtcAgent.events.filter(e => e === 'error').length") == 0
+    page.get_by_role("button", name="Hang up").click()
+
+
 def test_denied_microphone_says_what_to_do(new_page: Callable[..., Any], launch: Callable[..., Any],
                                            server: Server, artifacts: Path) -> None:
     denying = launch(deny_media=True)

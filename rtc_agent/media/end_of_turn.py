@@ -1,0 +1,222 @@
+"""The end-of-turn model: Smart Turn v3.2, a trained audio-only turn-completion classifier, and the semantic_vad
+policy built on it.
+
+The model file ships in the `pipecat-ai` wheel (BSD-2). The project installs that wheel without its dependencies
+(`scripts/setup.sh`: `pip install --no-deps pipecat-ai`) and loads the ONNX file by path, never importing
+pipecat: its analyzer class would pull in loguru, pydantic, openai, numba and more (README: "Turn-taking").
+The input is what the model was trained on: Whisper log-mel features (80 bins) of the turn's last 8 s at 16 kHz,
+zero-padded at the front, made by transformers' WhisperFeatureExtractor; the output is one sigmoid,
+P(the turn is complete).
+
+Scoring runs on a small thread pool (onnxruntime with one thread per decision), never on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import importlib.util
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .vad import CHUNK_SAMPLES
+
+RATE = 16_000
+WINDOW_S = 8  # the model sees the last 8 s of the turn
+MODEL_FILE = ("audio", "turn", "smart_turn", "data", "smart-turn-v3.2-cpu.onnx")  # inside the pipecat package
+INSTALL_HINT = "pip install --no-deps pipecat-ai==1.14.0 (scripts/setup.sh does)"
+SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxruntime thread each
+
+
+class EndOfTurnUnavailable(RuntimeError):
+    """The Smart Turn model file (from the pipecat-ai wheel) is not installed."""
+
+
+def model_path() -> Path:
+    """The ONNX file inside the installed pipecat package, found without importing pipecat."""
+    spec = importlib.util.find_spec("pipecat")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root).joinpath(*MODEL_FILE)
+        if path.is_file():
+            return path
+    raise EndOfTurnUnavailable(f"semantic_vad needs the Smart Turn v3.2 model: {INSTALL_HINT}")
+
+
+class EndOfTurnModel:
+    """P(turn complete) for the audio of a turn so far (16 kHz mono float32). Thread-safe."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        import onnxruntime as ort
+        from transformers import WhisperFeatureExtractor
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self._session = ort.InferenceSession(str(path or model_path()), sess_options=options,
+                                             providers=["CPUExecutionProvider"])
+        self._features = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=WINDOW_S)
+
+    def __call__(self, audio: np.ndarray) -> float:
+        window = RATE * WINDOW_S
+        audio = np.asarray(audio, np.float32)[-window:]
+        audio = np.pad(audio, (window - len(audio), 0))  # the model was trained with padding in front
+        features = self._features(audio, sampling_rate=RATE, return_tensors="np", padding="max_length",
+                                  max_length=window, truncation=True, do_normalize=True).input_features
+        (out,) = self._session.run(None, {"input_features": features.astype(np.float32)})
+        return float(np.asarray(out).reshape(-1)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    probability: float
+    cost_ms: float  # CPU time of this decision on its thread (features + model)
+
+
+class EndOfTurnScorer:
+    """The process's end-of-turn model and the threads it runs on, shared by every call."""
+
+    def __init__(self, model: Callable[[np.ndarray], float]) -> None:
+        self._model = model
+        self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn")
+
+    def score_now(self, audio: np.ndarray) -> Decision:
+        started = time.thread_time()
+        p = self._model(audio)
+        return Decision(p, round((time.thread_time() - started) * 1000, 2))
+
+    async def score(self, audio: np.ndarray) -> Decision:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.score_now, audio)
+
+
+_shared_lock = threading.Lock()
+
+
+@functools.cache
+def _load_shared() -> EndOfTurnScorer:
+    return EndOfTurnScorer(EndOfTurnModel())
+
+
+def shared_scorer() -> EndOfTurnScorer:
+    """The process-wide scorer, loaded on first use (a second or so; call it off the event loop)."""
+    with _shared_lock:
+        return _load_shared()
+
+
+def installed_scorer() -> EndOfTurnScorer | None:
+    """The shared scorer, or None where the model is not installed (then only server_vad is offered)."""
+    try:
+        model_path()
+    except EndOfTurnUnavailable:
+        return None
+    return shared_scorer()
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagerness:
+    """How semantic_vad ends a turn. The first verdict comes at `first_check_ms` of silence and ends the turn when
+    P(complete) >= `threshold`. An incomplete turn waits: the next verdicts come from `patient_ms` of silence on,
+    every `recheck_ms`, and end it at P >= LATE_THRESHOLD; after `max_wait_ms` of silence it ends anyway.
+
+    Why the wait: on the model's scale a longer silence reads as "more complete" whatever was said (a sentence
+    cut in its pause scores 0.9 and more after 500 ms of it), so only the first verdict tells a pause from an
+    end; later ones come after the pauses people make inside a sentence (0.6-1 s)."""
+
+    threshold: float
+    first_check_ms: int
+    patient_ms: int
+    recheck_ms: int
+    max_wait_ms: int
+
+
+LATE_THRESHOLD = 0.5
+EAGERNESS = {
+    "high": Eagerness(threshold=0.7, first_check_ms=128, patient_ms=640, recheck_ms=320, max_wait_ms=2000),
+    "medium": Eagerness(threshold=0.9, first_check_ms=192, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
+    "auto": Eagerness(threshold=0.9, first_check_ms=192, patient_ms=1100, recheck_ms=480, max_wait_ms=3000),
+    "low": Eagerness(threshold=0.95, first_check_ms=256, patient_ms=1400, recheck_ms=640, max_wait_ms=4000),
+}
+
+
+class SemanticTurn:
+    """One call's semantic end-of-turn decisions for the turn in progress.
+
+    The conversation hands it the turn's audio (`add`) and, per chunk, the silence run so far (`silence`). At
+    each check point of a pause it scores the turn on the scorer's threads; a verdict that comes back while
+    the same pause still goes on and says "complete" calls `on_complete()`. Speech resuming starts a
+    new pause, and late verdicts of older pauses are ignored.
+    """
+
+    def __init__(self, scorer: EndOfTurnScorer, eagerness: Eagerness, on_complete: Callable[[], None]) -> None:
+        self.scorer = scorer
+        self.eagerness = eagerness
+        self._on_complete = on_complete
+        self._audio: list[np.ndarray] = []
+        self._samples = 0
+        self._pause = 0  # which pause a verdict belongs to
+        self._next_check_ms = eagerness.first_check_ms
+        self._scoring = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.probability: float | None = None  # the latest verdict of this turn
+        self.decisions: list[Decision] = []
+
+    def start(self, chunks: list[np.ndarray]) -> None:
+        """A new turn, with its first audio (pre-roll included)."""
+        self._audio, self._samples = [], 0
+        self.probability, self.decisions = None, []
+        self._new_pause()
+        self.add(chunks)
+
+    def add(self, chunks: list[np.ndarray]) -> None:
+        self._audio.extend(chunks)
+        self._samples += sum(len(c) for c in chunks)
+        keep = RATE * WINDOW_S + CHUNK_SAMPLES
+        while self._audio and self._samples - len(self._audio[0]) >= keep:
+            self._samples -= len(self._audio.pop(0))
+
+    def silence(self, silence_ms: int) -> None:
+        """The silence run after the turn's speech, as of the latest chunk (0: the caller is speaking)."""
+        if silence_ms == 0:
+            if self._next_check_ms != self.eagerness.first_check_ms:
+                self._new_pause()
+            return
+        if silence_ms >= self._next_check_ms and not self._scoring and self._audio:
+            e = self.eagerness
+            self._next_check_ms = max(silence_ms + e.recheck_ms, e.patient_ms)
+            self._scoring = True
+            threshold = e.threshold if silence_ms < e.patient_ms else min(e.threshold, LATE_THRESHOLD)
+            task = asyncio.ensure_future(self._score(self._pause, np.concatenate(self._audio), threshold))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def stop(self) -> None:
+        """The turn is over (or abandoned): verdicts still on their way are ignored."""
+        self._new_pause()
+
+    def close(self) -> None:
+        self.stop()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _new_pause(self) -> None:
+        self._pause += 1
+        self._next_check_ms = self.eagerness.first_check_ms
+        self._scoring = False  # a verdict still on its way belongs to the old pause
+
+    async def _score(self, pause: int, audio: np.ndarray, threshold: float) -> None:
+        try:
+            decision = await self.scorer.score(audio)
+        finally:
+            if pause == self._pause:
+                self._scoring = False
+        if pause != self._pause:
+            return
+        self.probability = decision.probability
+        self.decisions.append(decision)
+        if decision.probability >= threshold:
+            self._on_complete()

@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Turn-taking measured as a caller hears it: espeak-ng questions and sentences with a pause in the middle,
+spoken by the project's aiortc client to a real server, in each turn-detection mode.
+
+    .venv/bin/python scripts/turn_latency.py                      # starts `rtc-agent serve` on port 8120
+    .venv/bin/python scripts/turn_latency.py --url http://127.0.0.1:8120 --modes semantic_vad:auto,server_vad:400
+    .venv/bin/python scripts/turn_latency.py --callers 8 --sets questions   # 8 calls at once
+
+Per sentence: the end-of-turn probability and the wait chosen (response.done's `end_of_turn`), the heard latency
+(end of speech in the WAV -> first answer audio arriving at the caller), and whether the turn was ended inside
+the sentence's pause (a cut-in). Prints Markdown tables and a summary; `--json FILE` keeps everything.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import numpy as np
+
+from rtc_agent.client.microphone import RATE, Microphone, load_audio
+from rtc_agent.client.peer import Call
+from rtc_agent.media.ice import use_host_addresses
+
+QUESTIONS = [
+    "What is the weather like in Paris tomorrow?",
+    "How far is it from here to the train station?",
+    "Can you recommend a good book about history?",
+    "What time does the pharmacy close today?",
+    "How do I reset the password on my laptop?",
+    "Who won the football match last night?",
+    "What is the capital city of Australia?",
+    "Could you set a timer for ten minutes?",
+    "How many grams of sugar are in a teaspoon?",
+    "Where is the nearest petrol station?",
+    "What should I cook for dinner tonight?",
+    "Is it going to rain this afternoon?",
+    "How long does it take to boil an egg?",
+    "Can you play some relaxing music for me?",
+    "What is the exchange rate between euros and dollars?",
+    "When does the next bus to the airport leave?",
+    "How do you say thank you in Japanese?",
+    "Why is the sky blue during the day?",
+    "What are the opening hours of the museum?",
+    "Could you remind me to call my mother at six?",
+    "How tall is the Eiffel Tower?",
+    "Which planet is closest to the sun?",
+]
+
+# (before the pause, pause in ms, after it): the sentence plainly goes on after the pause.
+PAUSED = [
+    ("I would like to book a table for", 800, "four people tonight."),
+    ("Can you tell me how to get to", 700, "the central library?"),
+    ("My favourite kind of music is", 900, "jazz from the fifties."),
+    ("Please send a message to", 800, "my brother about dinner."),
+    ("What is the best way to", 700, "learn a new language?"),
+    ("I think the problem is that", 1000, "the printer has no paper."),
+    ("Could you remind me to", 800, "water the plants tomorrow?"),
+    ("The meeting has been moved to", 900, "Thursday afternoon."),
+    ("How much does it cost to", 700, "fly to Berlin in May?"),
+    ("I need to buy some", 800, "bread and milk on the way home."),
+    ("Tell me a story about", 1000, "a dragon who loves cheese."),
+    ("Is there a good restaurant near", 600, "the old harbour?"),
+    ("We are planning a trip to", 900, "the mountains next week."),
+    ("Can you find me a recipe for", 800, "chocolate cake without eggs?"),
+    ("I was wondering whether", 1000, "you could help me with my homework."),
+    ("Turn on the lights in", 700, "the living room please."),
+    ("What do you know about", 800, "the history of Rome?"),
+    ("My daughter wants to become", 900, "a veterinary surgeon."),
+    ("Set an alarm for", 600, "seven thirty in the morning."),
+    ("The train to London leaves from", 800, "platform number nine."),
+]
+
+LEVEL = 0.01  # |sample| above this is speech (espeak-ng's silence is exact zeros)
+GAP_AFTER_S = 0.4  # quiet between one sentence's answer and the next sentence
+WAIT_S = 12.0  # longest wait for a sentence's answer after its speech ends
+
+
+@dataclass
+class Sentence:
+    kind: str  # "question" or "paused"
+    text: str
+    samples: np.ndarray  # 48 kHz mono
+    end: int  # last speech sample
+    pause: tuple[int, int] | None  # the mid-sentence pause: first and last silent sample
+
+
+def espeak(text: str, pause_ms: int | None = None, rest: str = "") -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "s.wav"
+        if pause_ms is None:
+            subprocess.run(["espeak-ng", "-w", str(path), text], check=True)
+        else:
+            ssml = f'<speak>{text} <break time="{pause_ms}ms"/> {rest}</speak>'
+            subprocess.run(["espeak-ng", "-m", "-w", str(path), ssml], check=True)
+        return load_audio(str(path), RATE)
+
+
+def speech_set(sets: list[str]) -> list[Sentence]:
+    out = []
+    if "questions" in sets:
+        for q in QUESTIONS:
+            s = espeak(q)
+            out.append(Sentence("question", q, s, int(np.flatnonzero(np.abs(s) > LEVEL)[-1]), None))
+    if "paused" in sets:
+        for before, ms, after in PAUSED:
+            s = espeak(before, ms, after)
+            loud = np.flatnonzero(np.abs(s) > LEVEL)
+            i = int(np.argmax(np.diff(loud)))
+            out.append(Sentence("paused", f"{before} <{ms} ms> {after}", s, int(loud[-1]),
+                                (int(loud[i]) + 1, int(loud[i + 1]) - 1)))
+    return out
+
+
+def turn_detection(mode: str) -> dict[str, Any]:
+    """"semantic_vad:auto" or "server_vad:400" -> session.update's turn_detection."""
+    kind, _, arg = mode.partition(":")
+    if kind == "semantic_vad":
+        return {"type": kind, "eagerness": arg or "auto"}
+    if kind == "server_vad":
+        return {"type": kind, "silence_duration_ms": int(arg or 400)}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+async def speak(call: Call, mic: Microphone, sentence: Sentence) -> dict[str, Any]:
+    """Plays one sentence into the call and waits until the turn after its real end is answered."""
+    seen = len(call.events)
+    at = mic.play(sentence.samples)
+    t_end = mic.time_at(at + sentence.end)
+    deadline = t_end + WAIT_S
+
+    def mine() -> list[tuple[float, dict[str, Any]]]:
+        return call.events[seen:]
+
+    def answered() -> bool:  # the turn after the real end was committed, and every answer begun has ended
+        commits = [t for t, e in mine() if e["type"] == "input_audio_buffer.committed"]
+        created = [t for t, e in mine() if e["type"] == "response.created"]
+        done = sum(e["type"] == "response.done" for _, e in mine())
+        return bool(commits) and commits[-1] >= t_end and bool(created) and created[-1] >= commits[-1] \
+            and done >= len(created)
+
+    while not (mic.idle and answered()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    commits = [t for t, e in mine() if e["type"] == "input_audio_buffer.committed"]
+    dones = [e["response"] for _, e in mine() if e["type"] == "response.done"]
+    final_commit = next((t for t in commits if t >= t_end), None)
+    heard = call.audio.first_sound_after(max(t_end, final_commit or t_end)) if final_commit else None
+    final = dones[-1] if final_commit and dones else None
+    eot = (final or {}).get("metrics", {}).get("end_of_turn", {})
+    cut_in = any(t < t_end for t in commits)
+    row: dict[str, Any] = {
+        "kind": sentence.kind, "text": sentence.text, "probability": eot.get("probability"),
+        "wait_ms": eot.get("wait_ms"), "decisions": eot.get("decisions"),
+        "decision_cpu_ms": eot.get("decision_cpu_ms", []),
+        "heard_ms": None if heard is None else round((heard - t_end) * 1000),
+        "cut_in": cut_in, "answered_after_end": final_commit is not None,
+        "server_ttfp_ms": (final or {}).get("metrics", {}).get("ttfp_ms"),
+    }
+    if cut_in and dones:  # what the model said when it ended the turn inside the pause
+        row["cut_probability"] = dones[0]["metrics"]["end_of_turn"].get("probability")
+    await asyncio.sleep(GAP_AFTER_S)
+    return row
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str, mode: str) -> AsyncIterator[tuple[Call, Microphone]]:
+    mic, call = Microphone(), Call(url)
+    await call.connect(mic)
+    try:
+        await call.next_event("session.created", timeout_s=10)
+        call.send({"type": "session.update", "session": {"turn_detection": turn_detection(mode)}})
+        await call.next_event("session.updated", timeout_s=10)
+        mic.play(np.zeros(RATE // 2, np.float32))
+        await asyncio.sleep(0.6)
+        yield call, mic
+    finally:
+        await call.hang_up()
+
+
+async def one_caller(url: str, mode: str, sentences: list[Sentence]) -> list[dict[str, Any]]:
+    async with connected(url, mode) as (call, mic):
+        return [await speak(call, mic, s) for s in sentences]
+
+
+async def measure(url: str, modes: list[str], sentences: list[Sentence], callers: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for mode in modes:
+        if callers == 1:
+            rows = await one_caller(url, mode, sentences)
+        else:  # each caller speaks the set from a different starting point
+            shifted = [sentences[i * len(sentences) // callers:] + sentences[:i * len(sentences) // callers]
+                       for i in range(callers)]
+            per = await asyncio.gather(*(one_caller(url, mode, s) for s in shifted))
+            rows = [dict(r, caller=i) for i, rs in enumerate(per) for r in rs]
+        results[mode] = rows
+    return results
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(np.percentile(values, q))
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in ("question", "paused"):
+        rs = [r for r in rows if r["kind"] == kind]
+        if not rs:
+            continue
+        heard = [r["heard_ms"] for r in rs if r["heard_ms"] is not None and not r["cut_in"]]
+        costs = [c for r in rs for c in r["decision_cpu_ms"]]
+        out[kind] = {
+            "n": len(rs), "heard_p50_ms": pct(heard, 50), "heard_p90_ms": pct(heard, 90),
+            "wait_p50_ms": pct([r["wait_ms"] for r in rs if r["wait_ms"] is not None], 50),
+            "cut_in": sum(r["cut_in"] for r in rs), "not_cut_share": 1 - sum(r["cut_in"] for r in rs) / len(rs),
+            "answered_after_end": sum(r["answered_after_end"] for r in rs),
+            "decision_cpu_ms_p50": pct(costs, 50), "decision_cpu_ms_p90": pct(costs, 90),
+            "decisions_per_turn": statistics.mean(r["decisions"] or 0 for r in rs) if costs else None,
+        }
+    return out
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.2f}" if v < 1.5 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = []
+    for mode, rows in results.items():
+        lines += [f"### {mode}", "", "| sentence | P(complete) | wait ms | heard ms | cut in the pause |",
+                  "|---|---|---|---|---|"]
+        for r in rows:
+            cut = fmt(r["cut_in"]) + (f" (at P {fmt(r['cut_probability'])})" if r.get("cut_probability") else "")
+            lines.append(f"| {r['text']} | {fmt(r['probability'])} | {fmt(r['wait_ms'])} | {fmt(r['heard_ms'])} "
+                         f"| {cut if r['kind'] == 'paused' else fmt(r['cut_in'])} |")
+        lines.append("")
+        for kind, s in summary(rows).items():
+            lines.append(f"- {kind}s ({s['n']}): heard P50 {fmt(s['heard_p50_ms'])} ms, P90 {fmt(s['heard_p90_ms'])} ms "
+                         f"(not cut in); wait P50 {fmt(s['wait_p50_ms'])} ms; not cut in: {s['n'] - s['cut_in']}/{s['n']}"
+                         f"; answered after the real end: {s['answered_after_end']}/{s['n']}; end-of-turn model "
+                         f"{fmt(s['decision_cpu_ms_p50'])} ms CPU a decision (P90 {fmt(s['decision_cpu_ms_p90'])}), "
+                         f"{fmt(s['decisions_per_turn'])} decisions a turn")
+        lines.append("")
+    return "\n".join(lines)
+
+
+@contextlib.asynccontextmanager
+async def own_server(port: int, max_sessions: int) -> AsyncIterator[str]:
+    """`rtc-agent serve` on a loopback port of its own, with short answers (the tiny model never stops)."""
+    cli = Path(sys.executable).with_name("rtc-agent")
+    proc = subprocess.Popen([str(cli), "serve", "--port", str(port), "--max-answer-s", "0.5",
+                             "--max-sessions", str(max_sessions), "--ice-host-address", "127.0.0.1",
+                             "--log-level", "WARNING"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(1200):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{url}/readyz") as r:
+                        if r.status == 200:
+                            break
+                if proc.poll() is not None:
+                    raise RuntimeError("rtc-agent serve exited")
+                await asyncio.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="a running server (default: start one on --port)")
+    p.add_argument("--port", type=int, default=8120)
+    p.add_argument("--modes", default="semantic_vad:auto,server_vad:400",
+                   help="comma-separated: semantic_vad:<eagerness>, server_vad:<silence ms>")
+    p.add_argument("--sets", default="questions,paused", help="questions, paused or both")
+    p.add_argument("--callers", type=int, default=1, help="calls at once (each speaks the whole set)")
+    p.add_argument("--json", help="write every row and the summaries here")
+    args = p.parse_args()
+    use_host_addresses(("127.0.0.1",))
+    sentences = speech_set(args.sets.split(","))
+    modes = args.modes.split(",")
+    load = os.getloadavg()
+    async with (contextlib.nullcontext(args.url) if args.url else own_server(args.port, max(4, args.callers))) as url:
+        results = await measure(url, modes, sentences, args.callers)
+    print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
+          + " ".join(f"{v:.2f}" for v in os.getloadavg()) + f"; {os.cpu_count()} cores; callers {args.callers}\n")
+    print(markdown(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"load_before": load, "load_after": os.getloadavg(),
+                                               "callers": args.callers, "results": results,
+                                               "summary": {m: summary(r) for m, r in results.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

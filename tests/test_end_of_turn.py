@@ -1,0 +1,143 @@
+"""semantic_vad: the Smart Turn end-of-turn model on real espeak-ng speech, a real aiortc call over loopback whose
+mid-sentence pause does not end the turn, barge-in, and session.update switching turn detection."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rtc_agent.client.microphone import RATE, load_audio
+from rtc_agent.config import TurnSettings, build_settings
+from rtc_agent.media.end_of_turn import shared_scorer
+from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
+
+from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
+from rtc_support import caller, metric, metrics_text, needs_espeak, run, say, server
+
+pytestmark = [needs_espeak, pytest.mark.timeout(240)]
+QUESTION = "What is the weather like in Paris tomorrow?"
+# A pause where the sentence plainly goes on: the model scores the part before it "incomplete" (0.01 here).
+PAUSED = ("My daughter wants to become", 900, "a veterinary surgeon.")
+
+
+def ssml_speech(before: str, pause_ms: int, after: str, rate: int) -> np.ndarray:
+    """espeak-ng saying `before`, an SSML break of `pause_ms`, then `after`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "paused.wav"
+        ssml = f'<speak>{before} <break time="{pause_ms}ms"/> {after}</speak>'
+        subprocess.run(["espeak-ng", "-m", "-w", str(path), ssml], check=True, capture_output=True)
+        return load_audio(str(path), rate)
+
+
+def gap(samples: np.ndarray, rate: int) -> tuple[int, int]:
+    """The longest run of silence inside the speech: (its first sample, its length)."""
+    loud = np.flatnonzero(np.abs(samples) > 0.01)
+    i = int(np.argmax(np.diff(loud)))
+    return int(loud[i]), int(loud[i + 1] - loud[i])
+
+
+def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pause_low() -> None:
+    scorer = shared_scorer()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "q.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), QUESTION], check=True, capture_output=True)
+        question = load_audio(str(path), 16_000)
+    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
+    complete = scorer.score_now(question[:end + 16 * 160])  # 160 ms into the silence after it
+    paused = ssml_speech(*PAUSED, rate=16_000)
+    start, length = gap(paused, 16_000)
+    assert length > 16 * 800
+    cut = scorer.score_now(paused[:start + 16 * 160])  # 160 ms into the mid-sentence break
+    assert complete.probability > 0.8 and cut.probability < 0.3, (complete, cut)
+    assert complete.cost_ms > 0
+
+
+def test_session_update_switches_turn_detection_and_rejects_bad_values() -> None:
+    turn = TurnSettings(turn_detection="server_vad")
+
+    def update(td: object) -> TurnSettings:
+        import json
+
+        msg = parse_client_message(json.dumps({"type": "session.update", "session": {"turn_detection": td}}), turn)
+        return msg.turn
+
+    semantic = update({"type": "semantic_vad", "eagerness": "high"})
+    assert (semantic.turn_detection, semantic.eagerness, semantic.auto) == ("semantic_vad", "high", True)
+    assert turn_description(semantic) == {"type": "semantic_vad", "eagerness": "high", "threshold": 0.5,
+                                          "prefix_padding_ms": 300, "min_speech_duration_ms": 128,
+                                          "barge_in_ms": 256}
+    back = update({"type": "server_vad", "silence_duration_ms": 500})
+    assert (back.turn_detection, back.silence_ms) == ("server_vad", 500)
+    for bad, code in [({"type": "semantic_vad", "eagerness": "fast"}, "invalid_value"),
+                      ({"type": "semantic_vad", "eagerness": 2}, "invalid_value"),
+                      ({"type": "semantic_vad", "silence_duration_ms": 300}, "unknown_parameter"),
+                      ({"type": "server_vad", "eagerness": "low"}, "unknown_parameter"),
+                      ({"type": "smart_vad"}, "invalid_value")]:
+        with pytest.raises(ProtocolError) as err:
+            update(bad)
+        assert err.value.code == code, bad
+
+
+def test_turn_detection_from_flags_environment_and_file(tmp_path: Path) -> None:
+    assert (TurnSettings().turn_detection, TurnSettings().eagerness) == ("semantic_vad", "auto")
+    config = tmp_path / "agent.toml"
+    config.write_text('[turn]\nturn_detection = "semantic_vad"\neagerness = "low"\n')
+    s = build_settings({"eagerness": "high"}, env={"RTC_AGENT_TURN_DETECTION": "server_vad"}, config_file=str(config))
+    assert (s.turn.turn_detection, s.turn.eagerness) == ("server_vad", "high")
+    for bad in ({"eagerness": "eventually"}, {"turn_detection": "smart_vad"}):
+        with pytest.raises(ValueError):
+            build_settings(bad, env={})
+
+
+def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the_answer() -> None:
+    async def main() -> None:
+        async with server(turn_detection="semantic_vad", max_answer_s=8.0) as (url, _), \
+                caller(url) as (call, mic):
+            created = (await call.next_event("session.created", timeout_s=10))["session"]
+            assert created["turn_detection"]["type"] == "semantic_vad"
+            assert created["turn_detection"]["eagerness"] == "auto"
+
+            samples = ssml_speech(*PAUSED, rate=RATE)
+            start, length = gap(samples, RATE)
+            at = mic.play(samples)
+            pause_end_at = mic.time_at(at + start + length)
+            done = (await call.next_event("response.done", timeout_s=30))["response"]
+            committed = [t for t, e in call.events if e["type"] == "input_audio_buffer.committed"]
+            assert len(committed) == 1 and committed[0] > pause_end_at  # one turn, ended after the real end
+            assert len(call.events_of("input_audio_buffer.speech_started")) == 1
+            stopped = call.events_of("input_audio_buffer.speech_stopped")
+            assert len(stopped) == 1
+            eot = done["metrics"]["end_of_turn"]
+            assert eot["type"] == "semantic_vad" and eot["eagerness"] == "auto" and eot["decisions"] >= 1
+            assert 0 <= eot["probability"] <= 1 and 0 < eot["wait_ms"] <= 3000
+            text = await metrics_text(url)
+            assert metric(text, 'rtc_agent_end_of_turn_wait_ms_count{type="semantic_vad"}') == 1.0
+
+            # barge-in works as with server_vad: speech during the answer cuts it and is the next turn
+            await say(call, mic, "Please tell me everything about Paris.")
+            while (await call.next_event("conversation.state", timeout_s=30))["state"] != "speaking":
+                pass
+            await asyncio.sleep(0.5)
+            await say(call, mic, "Stop, stop, wait a moment please.")
+            cut = (await call.next_event("response.done", timeout_s=30))["response"]
+            assert cut["interrupted"] and cut["status"] == "cancelled"
+            nxt = (await call.next_event("response.done", timeout_s=30))["response"]
+            assert nxt["metrics"]["frames_sent"] > 0 and nxt["metrics"]["end_of_turn"]["type"] == "semantic_vad"
+
+            # switching per call: server_vad, then a bad eagerness (an error, nothing changes)
+            call.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}})
+            updated = (await call.next_event("session.updated", timeout_s=10))["session"]
+            assert updated["turn_detection"]["type"] == "server_vad"
+            call.send({"type": "session.update",
+                       "session": {"turn_detection": {"type": "semantic_vad", "eagerness": "eventually"}}})
+            err = await call.next_event("error", timeout_s=10)
+            assert err["error"]["code"] == "invalid_value"
+            call.send({"type": "session.update", "session": {"voice": "aiden"}})
+            unchanged = (await call.next_event("session.updated", timeout_s=10))["session"]
+            assert unchanged["turn_detection"]["type"] == "server_vad"
+
+    run(main(), timeout_s=200)
