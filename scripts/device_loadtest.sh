@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Many callers through the real server on a GPU machine (docs/PERFORMANCE.md, "Several callers"): the engine bench
 # for 1 and 8 sessions, then `rtc-agent serve` and `rtc-agent loadtest` with 1, 4, 8 and 16 callers at once, 8
-# callers joining one after another while the others are mid-answer, and one caller with the camera on.
+# callers joining one after another while the others are mid-answer, and one caller with the camera on. Turns
+# end by the 400 ms silence rule (server_vad): what is measured is the engine and the server, not the turn model.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_loadtest.sh [WAV] [VIDEO_WAV]
 set -u
 out=${OUT:-artifacts/loadtest}; mkdir -p "$out"
@@ -23,7 +24,7 @@ for sessions in 1 8; do
         > "$out/bench-$sessions.json" 2> "$out/bench-$sessions.err" && cat "$out/bench-$sessions.json"
 done
 python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 --max-sessions 16 \
-    --max-answer-s 12 > "$out/serve.log" 2>&1 &
+    --max-answer-s 12 --turn-detection server_vad > "$out/serve.log" 2>&1 &
 server=$!
 loadtest() {
     local name=$1; shift
