@@ -14,7 +14,9 @@ _engines: dict[EngineOptions, Engine] = {}
 
 def engine_for(**options) -> Engine:
     """One loaded engine per set of options for the whole test run (loading takes seconds)."""
-    key = EngineOptions(**options)
+    # (more slots than a server's 4: tests drop sessions without closing them, and one held by a traceback's
+    # frames keeps its slot until the cyclic GC frees it)
+    key = EngineOptions(**{"max_sessions": 16, **options})
     if key not in _engines:
         _engines[key] = Engine.load(key)
     return _engines[key]
