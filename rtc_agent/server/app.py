@@ -85,6 +85,7 @@ async def _load_engine(state: ServerState) -> None:
         if not state.engine.ready:
             log.info("warming up...")
             await state.engine.warmup()
+        state.loaded = True
         state.metrics.ready.set(1)
         log.info("ready: %s", state.engine.describe())
     except Exception as exc:

@@ -21,10 +21,13 @@ class ServerState:
     load_error: str | None = None
     draining: bool = False  # SIGTERM: no new calls; the process ends when the last call has
     vads: VadPool = field(default_factory=VadPool)  # silero models, reused from call to call
+    loaded: bool = False  # the start-up loader is done (models, call capacity, warm-up)
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and bool(getattr(self.engine, "ready", False))
+        """Everything a call needs is loaded. (An engine handed in already warm is not enough: the capacity and
+        the end-of-turn model are set by the loader.)"""
+        return self.loaded and self.engine is not None and bool(getattr(self.engine, "ready", False))
 
     @property
     def can_take_call(self) -> bool:
