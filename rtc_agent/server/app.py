@@ -77,6 +77,7 @@ async def _load_engine(state: ServerState) -> None:
 
             log.info("loading model %s (device %s)...", s.model, s.device)
             state.engine = await asyncio.to_thread(Engine.load, EngineOptions(model=s.model, device=s.device,
+                                                                                   quantize=s.quantize,
                                                                                    video_window_s=s.video_window_s,
                                                                                    max_sessions=s.max_sessions))
         slots = state.engine.describe()["max_sessions"]
