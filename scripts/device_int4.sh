@@ -2,7 +2,8 @@
 # INT4 on a GPU machine (docs/PERFORMANCE.md, "INT4"): the quality check (check_int4) on the full-size synthetic
 # model, then the engine bench with bf16 and with int4 weights in the same run (1 session, then SESSIONS at once).
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_int4.sh [STAGES]
-# STAGES: any of check bench batch (default: all three).
+# STAGES: any of check bench batch memory (default: check bench batch); QUANTS: the modes (default "none int4").
+# memory: peak GPU memory with 30 s and 120 s of 2 fps video, and 40 minutes of caller audio in one call.
 set -u
 out=${OUT:-artifacts/int4}; mkdir -p "$out"
 model=${MODEL:-synthetic:30b-a3b}
@@ -25,8 +26,15 @@ case " $stages " in *" check "*)
         || tail -20 "$out/check.err";;
 esac
 case " $stages " in *" bench "*)
-    for q in none int4; do bench "$q-1" --quantize "$q" --sessions 1 --turns 4; done;;
+    for q in ${QUANTS:-none int4}; do bench "$q-1" --quantize "$q" --sessions 1 --turns 4; done;;
 esac
 case " $stages " in *" batch "*)
-    for q in none int4; do bench "$q-${SESSIONS:-8}" --quantize "$q" --sessions "${SESSIONS:-8}" --turns 2; done;;
+    for q in ${QUANTS:-none int4}; do bench "$q-${SESSIONS:-8}" --quantize "$q" --sessions "${SESSIONS:-8}" --turns 2; done;;
+esac
+case " $stages " in *" memory "*)
+    for q in ${QUANTS:-none int4}; do
+        bench "$q-video30" --quantize "$q" --turns 2 --video-s 30
+        bench "$q-video120" --quantize "$q" --turns 2 --video-s 120
+        bench "$q-audio40min" --quantize "$q" --turns 48 --turn-s 50 --context-tokens 40960
+    done;;
 esac

@@ -7,15 +7,17 @@ element j + G/2 (high nibble), so a kernel multiplies the low nibbles with the g
 the high ones with the second half, with no shuffle. 4.25 bits a weight (bf16: 16). Asymmetric because it costs one multiply-add per group in the kernel
 (sum(w x) = scale * sum(q x) + offset * sum(x)) and never does worse than symmetric on a skewed group.
 
-What is quantized and what stays: `quantize_model` replaces the experts of every MoE block (97 % of the weights) and
-the q/k/v/o projections of the Thinker's and Talker's decoder layers. Embeddings, the LM and codec heads, norms,
-routers, the Talker's shared expert, the code predictor, the audio and vision encoders and Code2Wav stay in the
-model dtype: together about 3 B parameters, the heads and routers decide tokens directly (their errors are not
-averaged out), and the small dense parts are launch-bound, so int4 would save memory but no time.
+What is quantized and what stays: `quantize_model` replaces the experts of every MoE block, Thinker's and Talker's
+(32 of the 35 B parameters), and the q/k/v/o projections of the Thinker's decoder layers (1.1 B). Embeddings, the LM
+and codec heads, norms, routers, the Talker's attention and shared expert, the code predictor, the audio and vision
+encoders and Code2Wav stay in the model dtype: together about 2.2 B parameters; the heads and routers decide tokens
+directly (their errors are not averaged out), and the Talker's small dense parts run in every 80 ms frame, where
+int4 kernels measured slower than the library's bf16 ones for 0.14 GB saved (docs/PERFORMANCE.md).
 
 Kernels (Triton): `grouped_kernel`, a matmul over rows grouped by expert (`tl.dot` on tiles dequantized in
-registers) for prefill and for linear layers at any row count; moe.py's single-token MoE kernels read the same
-packed format for decode (`rows_dot`). Without CUDA and Triton (the CPU), the math is done by dequantizing first,
+registers) for prefill (experts, and linear layers over many rows); `rows_kernel`, dot products of a few rows
+(a decode step, one row per session) with many small blocks of weight rows, so that a step's few rows still spread
+over the whole GPU; moe.py's single-token MoE kernels read the same packed format for decode (`rows_dot`). Without CUDA and Triton (the CPU), the math is done by dequantizing first,
 which is also the reference the tests hold the kernels to under Triton's interpreter.
 """
 from __future__ import annotations
@@ -107,7 +109,9 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if _kernels_on(x):
+        if _kernels_on(x) and rows.shape[0] <= DECODE_ROWS:
+            out = rows_matmul(rows, self.weight_int4)
+        elif _kernels_on(x):
             out = matmul(rows, self.weight_int4)
         else:
             out = F.linear(rows, self.weight_int4.dequantized())
@@ -157,6 +161,21 @@ class Int4Experts(nn.Module):
         return y.float().sum(dim=1).to(x.dtype)  # as the library: each term in the model dtype, summed
 
 
+DECODE_ROWS = 16  # up to this many rows, linear layers take `rows_kernel`
+ROWS_BLOCK_N = 8  # weight rows a program of `rows_kernel` reads
+
+
+def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    """x [M, K] @ W^T for a few rows: one program per (row, block of ROWS_BLOCK_N weight rows)."""
+    count, k = x.shape
+    n = weight.shape[-2]
+    x = x.contiguous()
+    out = torch.empty(count, n, dtype=x.dtype, device=x.device)
+    _ROWS_KERNEL[(count, -(-n // ROWS_BLOCK_N))](x, weight.packed, weight.scale, weight.offset, out, n, K=k,
+                                                 G=weight.group, BLOCK_N=ROWS_BLOCK_N, num_warps=2)
+    return out
+
+
 Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # source row, destination row (sorted by expert), starts [E+1]
 
 
@@ -191,8 +210,8 @@ def targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     found = []
     for stack in _decoder_stacks(model):
         for layer in stack.layers:
-            attention = layer.self_attn
-            found += [(attention, name, getattr(attention, name)) for name in PROJECTIONS]
+            if stack is model.thinker.model.language_model:
+                found += [(layer.self_attn, name, getattr(layer.self_attn, name)) for name in PROJECTIONS]
             experts = getattr(layer.mlp, "experts", None)
             if experts is not None and hasattr(experts, "gate_up_proj"):
                 found.append((layer.mlp, "experts", experts))
@@ -229,7 +248,7 @@ def quantize_module(parent: nn.Module, name: str, module: nn.Module) -> int:
     return before - sum(b.numel() * b.element_size() for b in replacement.buffers())
 
 
-_KERNEL = rows_dot = None  # the kernels, where Triton is installed
+_KERNEL = _ROWS_KERNEL = rows_dot = None  # the kernels, where Triton is installed
 if triton is not None:
 
     @triton.jit
@@ -238,17 +257,16 @@ if triton is not None:
         s_rows/o_rows [BLOCK_N] to its scales and offsets) with one vector of length K; groups of G."""
         HALF: tl.constexpr = G // 2
         half = tl.arange(0, HALF)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, HALF], dtype=tl.float32)  # summed across lanes once, at the end
         for g in range(0, K // G):
-            v_low = tl.load(v_row + g * G + half).to(tl.float32)
-            v_high = tl.load(v_row + g * G + HALF + half).to(tl.float32)
+            v_low = tl.load(v_row + g * G + half).to(tl.float32)[None, :]
+            v_high = tl.load(v_row + g * G + HALF + half).to(tl.float32)[None, :]
             q = tl.load(q_rows + g * HALF + half[None, :], mask=row_ok[:, None], other=0)
-            scale = tl.load(s_rows + g, mask=row_ok, other=0.0).to(tl.float32)
-            offset = tl.load(o_rows + g, mask=row_ok, other=0.0).to(tl.float32)
-            dot = tl.sum((q & 15).to(tl.float32) * v_low[None, :], axis=1) \
-                + tl.sum((q >> 4).to(tl.float32) * v_high[None, :], axis=1)
-            acc += scale * dot + offset * (tl.sum(v_low, axis=0) + tl.sum(v_high, axis=0))
-        return acc
+            scale = tl.load(s_rows + g, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+            offset = tl.load(o_rows + g, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+            acc += ((q & 15).to(tl.float32) * scale + offset) * v_low \
+                + ((q >> 4).to(tl.float32) * scale + offset) * v_high
+        return tl.sum(acc, axis=1)
 
     @triton.jit
     def _tile(x_ptr, src, m_ok, q_ptr, s_ptr, o_ptr, n, n_ok, K: tl.constexpr, G: tl.constexpr,
@@ -311,4 +329,13 @@ if triton is not None:
             out = out_ptr + dst[:, None].to(tl.int64) * N + n[None, :]
             tl.store(out, acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
-    _KERNEL = grouped_kernel
+    @triton.jit
+    def rows_kernel(x_ptr, q_ptr, s_ptr, o_ptr, out_ptr, N, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr):
+        row = tl.program_id(0)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < N
+        acc = rows_dot(q_ptr + n[:, None].to(tl.int64) * (K // 2), s_ptr + n * (K // G), o_ptr + n * (K // G),
+                       x_ptr + row.to(tl.int64) * K, n_ok, K, G, BLOCK_N)
+        tl.store(out_ptr + row.to(tl.int64) * N + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+    _KERNEL, _ROWS_KERNEL = grouped_kernel, rows_kernel
