@@ -81,7 +81,7 @@ def check(model_spec: str, device: str, tokens: int, frames: int) -> dict[str, A
     result: dict[str, Any] = {
         "model": model_spec, "device": str(loaded.device), "dtype": str(loaded.dtype).removeprefix("torch."),
         "tokens": tokens, "group_size": int4.GROUP,
-        "weights_gb": {"before": round(before / 1e9, 2), "int4": round(after / 1e9, 2)},
+        "weights_gb": {"before": round(before / 1e9, 4), "int4": round(after / 1e9, 4)},
         "module_relative_error": {kind: {"mean": round(sum(v) / len(v), 4), "max": round(max(v), 4), "count": len(v)}
                                   for kind, v in sorted(errors.items())},
         "thinker_layer_relative_error": [round(_relative(q, f), 4) for q, f in zip(q_hidden[1:], hidden[1:])],
