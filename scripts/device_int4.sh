@@ -22,7 +22,7 @@ print(sys.argv[1], {k: o.get(k) for k in ("quantize", "sessions", "ttfp_ms", "tt
 PY
 }
 case " $stages " in *" check "*)
-    timeout 400 python3 -m rtc_agent.engine.check_int4 --model "$model" --out "$out/check.json" 2> "$out/check.err" \
+    timeout 500 python3 -m rtc_agent.engine.check_int4 --model "$model" ${SWEEP:+--sweep} --out "$out/check.json" 2> "$out/check.err" \
         || tail -20 "$out/check.err";;
 esac
 case " $stages " in *" bench "*)

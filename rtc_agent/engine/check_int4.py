@@ -1,6 +1,6 @@
 """How far INT4 weights (int4.py) move the model: per quantized layer, per decoder layer and at the logits.
 
-    python -m rtc_agent.engine.check_int4 --model synthetic:30b-a3b [--tokens 256] [--frames 64] [--out FILE]
+    python -m rtc_agent.engine.check_int4 --model synthetic:30b-a3b [--tokens 256] [--frames 64] [--sweep] [--out FILE]
 
 One model in full precision, teacher-forced on the same inputs before and after `int4.quantize_model`:
 - the Thinker's language model on `--tokens` random regular tokens (the library's forward, no cache);
@@ -9,7 +9,8 @@ Prints one JSON object: for each quantized module kind (Thinker/Talker q, k, v, 
 ||int4 - full|| / ||full|| of its output on its own full-precision input (mean and worst over layers); the same
 for each decoder layer's output hidden state (the residual stream, errors accumulated from the first layer);
 the final logits' relative error; teacher-forced top-1 agreement of the Thinker's tokens and of the Talker's code 0;
-the weight bytes before and after.
+the weight bytes before and after. With `--sweep` (GPU): the tile sizes of the int4 decode kernels, timed as
+check_moe's sweep does (moe.TILES), and the block size of int4.rows_kernel on the Thinker's projections.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from typing import Any
 
 import torch
 
-from . import int4
+from . import int4, moe
+from .check_moe import graph_time_us, sweep_tiles
 from .loader import load
 
 
@@ -53,8 +55,31 @@ def _teacher_forced(model, tokens: torch.Tensor, codec_embeds: torch.Tensor | No
     return logits, text.hidden_states, model.talker.codec_head(talker.last_hidden_state)[0], talker.hidden_states
 
 
+def sweep(model, dtype: torch.dtype) -> dict[str, Any]:
+    """Tile sizes of the int4 decode kernels on the quantized model (the rows of one decode step: 1 and 8)."""
+    moe.install(model)
+    stacks = {"thinker": [l.mlp for l in model.thinker.model.language_model.layers],
+              "talker": [l.mlp for l in model.talker.model.layers]}
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    result: dict[str, Any] = {}
+    for rows in (1, 8):
+        inputs = {name: [[torch.randn(rows, 1, b.experts.hidden_dim, device="cuda", generator=generator, dtype=dtype)]
+                         for b in blocks] for name, blocks in stacks.items()}
+        result[f"moe_rows_{rows}"] = sweep_tiles(stacks, inputs)
+        projections = [getattr(l.self_attn, n) for l in model.thinker.model.language_model.layers
+                       for n in int4.PROJECTIONS]
+        xs = [torch.randn(rows, p.in_features, device="cuda", generator=generator, dtype=dtype) for p in projections]
+        times = {}
+        for block_n, warps in ((4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (32, 4)):
+            int4.ROWS_BLOCK_N, int4.ROWS_WARPS = block_n, warps
+            times[f"{block_n},{warps}"] = round(graph_time_us(lambda: [p(x) for p, x in zip(projections, xs)])
+                                                / len(projections), 2)
+        result[f"projection_rows_{rows}_us"] = times
+    return result
+
+
 @torch.inference_mode()
-def check(model_spec: str, device: str, tokens: int, frames: int) -> dict[str, Any]:
+def check(model_spec: str, device: str, tokens: int, frames: int, tile_sweep: bool = False) -> dict[str, Any]:
     loaded = load(model_spec, device)
     model = loaded.model
     generator = torch.Generator().manual_seed(0)
@@ -96,6 +121,8 @@ def check(model_spec: str, device: str, tokens: int, frames: int) -> dict[str, A
             "code0_logits_relative_error": round(_relative(q_code_logits, code_logits), 4),
             "code0_top1_agreement": round((q_code_logits.argmax(-1) == code_logits.argmax(-1)).float().mean().item(), 4),
         }
+    if tile_sweep:
+        result["sweep"] = sweep(model, loaded.dtype)
     return result
 
 
@@ -105,9 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--frames", type=int, default=64)
+    parser.add_argument("--sweep", action="store_true", help="also sweep the int4 decode kernels' tiles (GPU)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
-    result = json.dumps(check(args.model, args.device, args.tokens, args.frames))
+    result = json.dumps(check(args.model, args.device, args.tokens, args.frames, args.sweep))
     print(result, flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -162,7 +162,7 @@ class Int4Experts(nn.Module):
 
 
 DECODE_ROWS = 16  # up to this many rows, linear layers take `rows_kernel`
-ROWS_BLOCK_N = 8  # weight rows a program of `rows_kernel` reads
+ROWS_BLOCK_N, ROWS_WARPS = 8, 2  # weight rows a program of `rows_kernel` reads; its warps
 
 
 def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
@@ -172,7 +172,7 @@ def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty(count, n, dtype=x.dtype, device=x.device)
     _ROWS_KERNEL[(count, -(-n // ROWS_BLOCK_N))](x, weight.packed, weight.scale, weight.offset, out, n, K=k,
-                                                 G=weight.group, BLOCK_N=ROWS_BLOCK_N, num_warps=2)
+                                                 G=weight.group, BLOCK_N=ROWS_BLOCK_N, num_warps=ROWS_WARPS)
     return out
 
 
