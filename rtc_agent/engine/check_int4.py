@@ -75,7 +75,8 @@ def sweep(model, dtype: torch.dtype) -> dict[str, Any]:
             int4.ROWS_TILE = tile
             times[tile] = graph_time_us(lambda: [p(x) for p, x in zip(projections, xs)]) / len(projections)
         int4.ROWS_TILE = min(times, key=times.get)
-        result[f"projection_rows_{rows}_us"] = {str(t): round(us, 2) for t, us in sorted(times.items(), key=lambda kv: kv[1])[:6]}
+        fastest = sorted(times.items(), key=lambda kv: kv[1])[:6]
+        result[f"projection_rows_{rows}_us"] = {str(tile): round(us, 2) for tile, us in fastest}
     return result
 
 
@@ -120,7 +121,8 @@ def check(model_spec: str, device: str, tokens: int, frames: int, tile_sweep: bo
             "talker_layer_relative_error": [round(_relative(q, f), 4)
                                             for q, f in zip(q_talker_hidden[1:], talker_hidden[1:])],
             "code0_logits_relative_error": round(_relative(q_code_logits, code_logits), 4),
-            "code0_top1_agreement": round((q_code_logits.argmax(-1) == code_logits.argmax(-1)).float().mean().item(), 4),
+            "code0_top1_agreement": round((q_code_logits.argmax(-1) == code_logits.argmax(-1)).float().mean().item(),
+                                          4),
         }
     if tile_sweep:
         result["sweep"] = sweep(model, loaded.dtype)
