@@ -257,24 +257,26 @@ if triton is not None:
                  BLOCK_B: tl.constexpr):
         """fp32 dot products of a block of packed weight rows (pointers q_rows [BLOCK_N, 1] to each row's bytes,
         s_rows/o_rows [BLOCK_N] to its scales and offsets) with one vector of length K; groups of G. BLOCK_B bytes
-        of each row (2 * BLOCK_B weights, several groups) a step: wide loads keep enough memory traffic in flight."""
+        of each row (several groups) a step, as [rows, groups, bytes] tiles: wide loads keep enough memory traffic
+        in flight, and a group's scale and offset are loaded once."""
         HALF: tl.constexpr = G // 2
-        offsets = tl.arange(0, BLOCK_B)
-        acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)  # summed across lanes once, at the end
-        for start in range(0, K // 2, BLOCK_B):
-            byte = start + offsets
-            byte_ok = byte < K // 2
-            group = byte // HALF
-            col = group * G + byte % HALF  # the low nibble's input; the high one's is HALF further
-            v_low = tl.load(v_row + col, mask=byte_ok, other=0.0).to(tl.float32)[None, :]
-            v_high = tl.load(v_row + col + HALF, mask=byte_ok, other=0.0).to(tl.float32)[None, :]
-            ok = row_ok[:, None] & byte_ok[None, :]
-            q = tl.load(q_rows + byte[None, :], mask=ok, other=0)
-            scale = tl.load(s_rows[:, None] + group[None, :], mask=ok, other=0.0).to(tl.float32)
-            offset = tl.load(o_rows[:, None] + group[None, :], mask=ok, other=0.0).to(tl.float32)
+        STEP: tl.constexpr = BLOCK_B // HALF if BLOCK_B > HALF else 1  # groups a step
+        byte = tl.arange(0, HALF)
+        acc = tl.zeros([BLOCK_N, STEP, HALF], dtype=tl.float32)  # summed across lanes once, at the end
+        for start in range(0, K // G, STEP):
+            group = start + tl.arange(0, STEP)
+            group_ok = group < K // G
+            col = group[:, None] * G + byte[None, :]  # the low nibbles' inputs; the high ones' are HALF further
+            v_low = tl.load(v_row + col, mask=group_ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+            v_high = tl.load(v_row + col + HALF, mask=group_ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+            ok = row_ok[:, None] & group_ok[None, :]
+            q = tl.load(q_rows[:, :, None] + (group[:, None] * HALF + byte[None, :])[None, :, :],
+                        mask=ok[:, :, None], other=0)
+            scale = tl.load(s_rows[:, None] + group[None, :], mask=ok, other=0.0).to(tl.float32)[:, :, None]
+            offset = tl.load(o_rows[:, None] + group[None, :], mask=ok, other=0.0).to(tl.float32)[:, :, None]
             acc += ((q & 15).to(tl.float32) * scale + offset) * v_low \
                 + ((q >> 4).to(tl.float32) * scale + offset) * v_high
-        return tl.sum(acc, axis=1)
+        return tl.sum(tl.sum(acc, axis=2), axis=1)
 
     @triton.jit
     def _tile(x_ptr, src, m_ok, q_ptr, s_ptr, o_ptr, n, n_ok, K: tl.constexpr, G: tl.constexpr,
