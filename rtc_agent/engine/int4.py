@@ -162,7 +162,7 @@ class Int4Experts(nn.Module):
 
 
 DECODE_ROWS = 16  # up to this many rows, linear layers take `rows_kernel`
-ROWS_TILE = (8, 256, 4)  # `rows_kernel`: weight rows a program reads, bytes of each a step, warps (a sweep: H200)
+ROWS_TILE = (4, 512, 8)  # `rows_kernel`: weight rows a program reads, bytes of each a step, warps (a sweep: H200)
 
 
 def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
