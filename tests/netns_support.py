@@ -19,6 +19,7 @@ import socket
 import struct
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -47,21 +48,23 @@ def _run(*cmd: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
 
 class Faults:
     """A blackout on the namespace's `lo`: every UDP datagram (all media, both directions) dropped until clear();
-    signaling over TCP goes on. Call from the namespaced thread."""
+    signaling over TCP goes on. Call from the namespaced thread, or give `command`, which turns an argv into one
+    that runs in the namespace (the browser tests' `net.command`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: Callable[[list[str]], list[str]] = list) -> None:
         if shutil.which("nft") is None:
             pytest.skip("blackouts need nft (apt package nftables)")
+        self._command = command
 
     def blackout(self) -> None:
         self.clear()
         script = (f"table inet {TABLE} {{\n chain out {{\n type filter hook output priority 0; policy accept;\n"
                   f" meta l4proto udp drop\n }}\n}}\n")
-        out = _run("nft", "-f", "-", stdin=script)
+        out = _run(*self._command(["nft", "-f", "-"]), stdin=script)
         assert out.returncode == 0, out.stderr
 
     def clear(self) -> None:
-        _run("nft", "delete", "table", "inet", TABLE)
+        _run(*self._command(["nft", "delete", "table", "inet", TABLE]))
 
 
 needs_namespaces = pytest.mark.skipif(not can_make_namespaces(), reason="private network namespaces need root")
