@@ -55,7 +55,7 @@ def answer_audio(call: Call, since: float) -> tuple[int, int]:
     missing = 0
     for i, j in zip(keep, keep[1:]):
         gap = a.pts[j] - a.pts[i] - a.decoded[i]
-        missing += max(0, gap) // ANSWER_STEP  # a lost 20 ms silence packet (960) is no answer audio
+        missing += gap // ANSWER_STEP  # a lost 20 ms silence packet (960) is no answer audio
     return received, missing
 
 

@@ -93,6 +93,7 @@ export class Call extends EventTarget {
     this._lastPacketAt = 0;
     this._watch = null;
     this._disconnectTimer = null;
+    this._opening = false;
   }
 
   _emit(type, detail) {
@@ -129,6 +130,15 @@ export class Call extends EventTarget {
   }
 
   async _open(extra, connectTimeoutMs) {
+    this._opening = true; // until connected: a failure here is this promise's, not a "lost" state
+    try {
+      return await this._connect(extra, connectTimeoutMs);
+    } finally {
+      this._opening = false;
+    }
+  }
+
+  async _connect(extra, connectTimeoutMs) {
     const pc = (this.pc = new RTCPeerConnection({ iceServers: this.iceServers, bundlePolicy: "max-bundle" }));
     const dc = (this.dc = pc.createDataChannel("events", { ordered: true }));
     const current = () => pc === this.pc; // events of a peer connection a resume replaced do not count
@@ -226,8 +236,7 @@ export class Call extends EventTarget {
   }
 
   _lost(reason) {
-    if (this.closed || this._lostReported) return;
-    if (!this.dc || this.pc?.connectionState === "new") return; // still setting up: start() reports it
+    if (this.closed || this._lostReported || this._opening) return; // start() and resume() report their own
     this._lostReported = true;
     this._emit("state", { state: "lost", reason });
   }
