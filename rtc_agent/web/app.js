@@ -450,7 +450,7 @@ class App {
     this.stopStats();
     this.endAnswerState();
     this.addNote("Connection lost");
-    if (this.call?.resumeToken) this.resumeCall(this.call, reason);
+    if (this.call?.resumeToken && this.call.resumeWindowS > 0) this.resumeCall(this.call, reason);
     else this.callEnded(reason);
   }
 

@@ -14,7 +14,6 @@ from test_call_page import CONNECTED, app, shot, wait
 from netns_support import Faults
 
 pytestmark = pytest.mark.browser
-BLACKOUT_AFTER_NOTICED_S = 3.0  # the first resume attempt meets the dead network too, and the page tries again
 
 
 def answer_number(response_id: str) -> int:
@@ -42,7 +41,8 @@ def test_the_page_resumes_a_dead_connection_with_the_same_conversation(
         assert "Connection lost" in alert and "same conversation" in alert, alert
         assert page.get_by_role("button", name="Hang up").is_visible()  # "Cancel" while it reconnects
         shot(page, artifacts, "call-desktop-resuming")
-        time.sleep(BLACKOUT_AFTER_NOTICED_S)
+        # the first attempt meets the dead network too (its ICE gives up after 5 s): the page tries again
+        wait(page, "document.getElementById('alert-text').innerText.includes('attempt 2')", 15)
     finally:
         faults.clear()
     network_back = time.monotonic()
