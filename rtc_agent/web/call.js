@@ -133,6 +133,9 @@ export class Call extends EventTarget {
     this._opening = true; // until connected: a failure here is this promise's, not a "lost" state
     try {
       return await this._connect(extra, connectTimeoutMs);
+    } catch (err) {
+      this._dropConnection(); // a failed attempt's peer connection must not report "lost" later
+      throw err;
     } finally {
       this._opening = false;
     }
