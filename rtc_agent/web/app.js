@@ -498,6 +498,7 @@ class App {
         if (call !== this.call || !this.inCall) return;
       }
     }
+    if (call !== this.call || !this.inCall) return;
     this.lastResumeMs = performance.now() - lostAt;
     if (this.video) await call.setVideoTrack(this.screenTrack || this.camTrack || null);
     this.addNote(`Reconnected after ${fmtMs(this.lastResumeMs)}, same conversation`);
