@@ -110,7 +110,7 @@ for dtype in (torch.float32, torch.bfloat16):
     model = loader.load("tiny", "cpu").model.to(dtype)
     int4.quantize_model(model)
     for block in (m for m in model.modules() if moe._is_moe_block(m)):
-        h = torch.randn(1, 7, block.experts.hidden_dim, generator=generator).to(dtype)
+        h = torch.randn(1, 100, block.experts.hidden_dim, generator=generator).to(dtype)  # > 16 rows an expert
         flat = h.view(-1, h.shape[-1])
         _, weights, selected = block.gate(flat)
         reference = block.experts._reference(flat, selected, weights)

@@ -155,8 +155,10 @@ class Int4Experts(nn.Module):
         counts = torch.zeros(self.num_experts + 1, dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, ids.long() + 1, torch.ones_like(ids, dtype=torch.int32))
         starts = counts.cumsum(0, dtype=torch.int32)
-        h = matmul(x, self.gate_up, rows=(order // top_k, order, starts), gated=self.intermediate_dim)
-        y = matmul(h, self.down, rows=(order, order, starts))
+        # an expert is chosen at most once per token: it has at most `tokens` rows
+        h = matmul(x, self.gate_up, rows=(order // top_k, order, starts), gated=self.intermediate_dim,
+                   rows_per_expert=tokens)
+        y = matmul(h, self.down, rows=(order, order, starts), rows_per_expert=tokens)
         y = y.view(tokens, top_k, -1) * weights.unsqueeze(-1)
         return y.float().sum(dim=1).to(x.dtype)  # as the library: each term in the model dtype, summed
 
@@ -180,9 +182,10 @@ def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
 Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # source row, destination row (sorted by expert), starts [E+1]
 
 
-def matmul(x: torch.Tensor, weight: Int4Weight, rows: Rows | None = None, gated: int = 0) -> torch.Tensor:
-    """out[dst] = x[src] @ W[e]^T for each expert e's rows (`rows`), or x @ W^T for a single weight. With `gated`
-    (= I, the weight being [E, 2I, H] of gate and up): out = silu(gate) * up, [rows, I]."""
+def matmul(x: torch.Tensor, weight: Int4Weight, rows: Rows | None = None, gated: int = 0,
+           rows_per_expert: int | None = None) -> torch.Tensor:
+    """out[dst] = x[src] @ W[e]^T for each expert e's rows (`rows`, at most `rows_per_expert` each), or x @ W^T for
+    a single weight. With `gated` (= I, the weight being [E, 2I, H] of gate and up): out = silu(gate) * up."""
     k = x.shape[-1]
     n = weight.shape[-2] // 2 if gated else weight.shape[-2]
     x = x.contiguous()
@@ -195,9 +198,10 @@ def matmul(x: torch.Tensor, weight: Int4Weight, rows: Rows | None = None, gated:
         count = src.shape[0]
         experts = starts.shape[0] - 1
     out = torch.empty(count, n, dtype=x.dtype, device=x.device)
-    block_m = 16 if count <= 256 else 64
+    most = min(count, rows_per_expert or count)
+    block_m = 16 if most <= 64 else 64
     block_n = 64
-    m_blocks = -(-count // block_m)
+    m_blocks = -(-most // block_m)  # programs past an expert's rows return at once
     _KERNEL[(experts * m_blocks, -(-n // block_n))](
         x, src, dst, starts, weight.packed, weight.scale, weight.offset, out, count, n,
         weight.packed.stride(0) if rows is not None else 0, weight.scale.stride(0) if rows is not None else 0,
