@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from . import tiny
+from .memory import cap_process_memory, free_bytes
 from .weights import fill_random, recompute_buffers
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,12 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def load(spec: str = "tiny", device: str = "auto", text_only: bool = False, dtype: str = "auto") -> LoadedModel:
+def load(spec: str = "tiny", device: str = "auto", text_only: bool = False, dtype: str = "auto",
+         memory_fraction: float = 1.0) -> LoadedModel:
+    """`text_only`: the model is built without the Talker and Code2Wav (their weights are never allocated).
+    `memory_fraction`: this process may take at most that share of the GPU's memory, from before the weights on."""
     dev = resolve_device(device)
+    cap_process_memory(dev, memory_fraction)
     started = time.perf_counter()
     if spec == "tiny":
         path, model_dtype = tiny.tiny_checkpoint_dir(), _dtype(dtype, torch.float32)
@@ -107,7 +112,7 @@ def _checkpoint_bytes(path: Path) -> int:
 def _check_fits(weight_bytes: int, device: torch.device, name: str) -> None:
     if device.type != "cuda":
         return
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = free_bytes(device)
     if weight_bytes > free * 0.95:
         raise ModelLoadError(f"model {name} needs {weight_bytes / 2**30:.1f} GiB for its weights alone, but "
                              f"{torch.cuda.get_device_name(device)} has {free / 2**30:.1f} GiB free")
