@@ -253,11 +253,13 @@ class Session:
         """What became of the caller's video: frames received, seconds of video in the context."""
         conv = self._conversation
         if conv is None:
-            return {"frames_received": 0, "last_at": None, "seconds_in_context": 0, "tokens_in_context": 0}
+            return {"frames_received": 0, "last_at": None, "seconds_in_context": 0, "tokens_in_context": 0,
+                    "window_s": self.engine.options.video_window_s}
         segments = [*conv.segments, *([conv.turn.segment] if conv.turn is not None else [])]
         grids = [g for s in segments for g in s.grids]
         return {"frames_received": conv.video.received, "last_at": conv.video.last_at,
-                "seconds_in_context": len(grids), "tokens_in_context": sum(g.tokens for g in grids)}
+                "seconds_in_context": len(grids), "tokens_in_context": sum(g.tokens for g in grids),
+                "window_s": conv.video.window_s}
 
     async def abort_turn(self) -> None:
         """Forget the caller audio pushed since the last answer (a false start)."""

@@ -97,6 +97,8 @@ def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
         elif key == "audio":
             ours.update(_audio(value, param))
         elif key == "output_modalities":
+            if value not in (["audio"], ["text"]):
+                raise _unsupported(param, f'{json.dumps(value)[:80]} (["audio"] or ["text"] is)')
             ours["output_modalities"] = value
         elif key in FIXED:
             if value not in FIXED[key]:
