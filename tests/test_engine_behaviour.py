@@ -126,6 +126,8 @@ def test_non_streaming_gives_the_same_answer_text_first():
     assert kinds == ["TextDelta"] * 5 + ["SpeechFrame"] * 8 + ["ResponseDone"]
     assert events[-1].token_ids == done_a.token_ids
     assert [e.codes for e in events if isinstance(e, SpeechFrame)] == [f.codes for f in frames_a]
+    whole_audio = np.concatenate([e.samples for e in events if isinstance(e, SpeechFrame)])
+    assert np.array_equal(whole_audio, np.concatenate([f.samples for f in frames_a]))  # the same audio, sample for sample
 
 
 def test_voices_change_the_speech_not_the_text():
