@@ -83,7 +83,7 @@ class Engine:
 
     def memory(self) -> MemoryUse | None:
         """GPU memory in use now (memory.py says what counts); None on a CPU."""
-        return read_memory(self.device, self.options.gpu_memory_fraction)
+        return read_memory(self.device)
 
     def project_text(self, embeds: torch.Tensor) -> torch.Tensor:
         """Thinker token embeddings → the Talker's text input (`text_projection`)."""

@@ -3,7 +3,8 @@
 `used` is what the engine's tensors hold (`torch.cuda.memory_allocated`) plus everything on the GPU outside
 PyTorch's allocator (the CUDA context, other processes). Blocks PyTorch keeps cached but free are not counted:
 the allocator hands them back before it would fail an allocation. `total` is the GPU's memory times the
-process's cap (`--gpu-memory-fraction`), the most PyTorch lets this process take.
+process's cap (`--gpu-memory-fraction`), the most PyTorch lets this process take. Under a cap this is
+conservative: memory others use on the GPU is charged to this process's share.
 """
 from __future__ import annotations
 
@@ -35,18 +36,20 @@ def cap_process_memory(device: torch.device, fraction: float) -> None:
     if device.type == "cuda" and fraction < 1.0:
         torch.cuda.set_per_process_memory_fraction(fraction, device)
         total = torch.cuda.get_device_properties(device).total_memory
-        log.info("GPU memory capped at %.0f %% of %.1f GB = %.1f GB", fraction * 100, total / 1e9,
+        log.info("GPU memory capped at %.1f %% of %.1f GB = %.1f GB", fraction * 100, total / 1e9,
                  fraction * total / 1e9)
 
 
-def read_memory(device: torch.device, fraction: float = 1.0) -> MemoryUse | None:
-    """What is in use on `device` now; None on a CPU (no GPU memory to guard)."""
+def read_memory(device: torch.device) -> MemoryUse | None:
+    """What is in use on `device` now; None on a CPU (no GPU memory to guard). Conservative under a cap: memory
+    used outside PyTorch (the CUDA context, other processes) is charged to this process's share."""
     if device.type != "cuda":
         return None
     free, device_total = torch.cuda.mem_get_info(device)
     reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
     outside = max(0, device_total - free - reserved)  # the CUDA context, other processes
-    return MemoryUse(used_bytes=allocated + outside, total_bytes=int(device_total * fraction),
+    cap = int(device_total * torch.cuda.get_per_process_memory_fraction(device))
+    return MemoryUse(used_bytes=allocated + outside, total_bytes=cap,
                      peak_bytes=torch.cuda.max_memory_allocated(device))
 
 
