@@ -120,7 +120,10 @@ class Worker:
                         answer.finish()
                     except Exception:  # noqa: BLE001
                         answer.done = True
-                        answer.conversation.recover()
+                        try:  # its caches may hold half an answer: prefill them again from what is kept
+                            answer.conversation.recover()
+                        except Exception:  # noqa: BLE001
+                            log.exception("a failed answer's context could not be restored")
         running = []
         for answer in self._answers:
             if not answer.done:

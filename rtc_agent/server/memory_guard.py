@@ -65,11 +65,14 @@ class MemoryGuard:
     async def run(self, calls: Callable[[], Iterable[Any]]) -> None:
         """Watch the memory for as long as the server serves; `calls()`: the calls in progress."""
         while True:
-            self.check()
-            now = time.monotonic()
-            if self.over and now - self._shortened_at >= SHORTEN_EVERY_S:
-                self._shortened_at = now
-                await self._shorten_video(list(calls()))
+            try:
+                self.check()
+                now = time.monotonic()
+                if self.over and now - self._shortened_at >= SHORTEN_EVERY_S:
+                    self._shortened_at = now
+                    await self._shorten_video(list(calls()))
+            except Exception:  # a failed reading must not stop the watch (logging is rate-limited)
+                log.exception("memory guard: reading the GPU memory failed")
             await asyncio.sleep(POLL_S)
 
     async def _shorten_video(self, calls: list[Any]) -> None:
