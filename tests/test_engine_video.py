@@ -210,7 +210,7 @@ def test_audio_only_call_has_no_video_tokens():
     turn = session._conversation.segments[1]
     assert engine.ids.vision_start not in turn.ids and engine.ids.video not in turn.ids
     assert session.video_stats() == {"frames_received": 0, "last_at": None, "seconds_in_context": 0,
-                                     "tokens_in_context": 0}
+                                     "tokens_in_context": 0, "window_s": 30}
 
 
 @pytest.mark.parametrize("image, at, message", [
