@@ -51,6 +51,7 @@ class Settings:
     drain_timeout_s: float = 300.0  # on SIGTERM: no new calls, wait this long at most for calls to end
     model: str = "tiny"
     device: str = "auto"
+    quantize: str = "none"  # none | int4 | auto: INT4 weights (README: Memory and quantization)
     voice: str = "ethan"
     instructions: str = DEFAULT_INSTRUCTIONS
     max_answer_s: float = 30.0  # an answer's speech stops after this long (the random-weight tiny model never ends)
@@ -138,7 +139,12 @@ def build_settings(
     return settings
 
 
+QUANTIZE_CHOICES = ("none", "int4", "auto")
+
+
 def validate(s: Settings) -> None:
+    if s.quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, not {s.quantize!r}")
     if s.voice not in VOICES:
         raise ValueError(f"voice must be one of {', '.join(VOICES)}")
     if bool(s.cert) != bool(s.key):
@@ -227,6 +233,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"on SIGTERM, seconds to let calls finish before stopping (default {d.drain_timeout_s:g})")
     p.add_argument("--model", help=f"engine model (default {d.model}: the built-in tiny model)")
     p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {d.device})")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES,
+                   help=f"INT4 weights for the experts and attention: int4, auto (int4 where bf16 would pass 90 %% "
+                        f"of the GPU with the slots asked for) or none (default {d.quantize})")
     p.add_argument("--voice", choices=VOICES, help=f"default voice (default {d.voice})")
     p.add_argument("--instructions", help="default system prompt")
     p.add_argument("--max-answer-s", type=float, help=f"longest spoken answer in seconds (default {d.max_answer_s})")

@@ -24,6 +24,8 @@ FRAME_S = 0.08
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="tiny | synthetic:30b-a3b | path to a checkpoint")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--quantize", choices=("none", "int4", "auto"), default="none",
+                        help="INT4 weights for the experts and attention (int4.py)")
     parser.add_argument("--turns", type=int, default=5, help="caller turns per session")
     parser.add_argument("--sessions", type=int, default=1, help="callers at once, each its own session")
     parser.add_argument("--max-sessions", type=int, help="session slots to make (default: --sessions)")
@@ -112,7 +114,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     width, height = (int(side) for side in args.video_size.split("x"))
     window = math.ceil(args.video_s + args.turn_s) if args.video_s else 0
     video_tokens = window * (round(width / 32) * round(height / 32) + 13)  # a second of video with its audio
-    engine = Engine.load(EngineOptions(model=args.model, device=args.device, prefill_chunk_s=args.prefill_chunk_s,
+    engine = Engine.load(EngineOptions(model=args.model, device=args.device, quantize=args.quantize,
+                                       prefill_chunk_s=args.prefill_chunk_s,
                                        max_answer_tokens=max(args.answer_tokens, 16),
                                        max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs,
                                        fast_moe=not args.no_fast_moe, fast_attention=not args.no_fast_attention,
@@ -141,6 +144,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     rtf = [caller["busy_s"] / caller["audio_s"] for caller in callers if caller["audio_s"]]
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
+        "quantize": engine.describe()["quantize"],
         "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "slots": len(engine.pool),
         "turns": args.turns,
         "turn_s": args.turn_s, "silence_ms": args.silence_ms, "system_tokens": args.system_tokens,

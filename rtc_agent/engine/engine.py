@@ -25,7 +25,7 @@ from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
 from .memory import EngineOutOfMemory, MemoryUse, read_memory
 from .options import EngineOptions, SessionOptions
-from .slots import Slot, SlotPool, slot_count
+from .slots import Slot, SlotPool, estimated_slot_bytes, slot_count
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
@@ -66,11 +66,13 @@ class Engine:
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions()) -> "Engine":
         """Load the model (blocking: seconds for `tiny`, minutes for a real checkpoint)."""
-        return cls(load(options.model, options.device, options.text_only, options.dtype,
-                        options.gpu_memory_fraction), options)
+        return cls(load(options.model, options.device, options.text_only, options.dtype, options.quantize,
+                        reserve_bytes=max(1, options.max_sessions) * int(estimated_slot_bytes(options))
+                        if options.quantize == "auto" else 0, memory_fraction=options.gpu_memory_fraction), options)
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.loaded.name, "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "quantize": self.loaded.quantize,
                 "speech": self.speech, "streaming": self.options.streaming, "ready": self.ready,
                 "max_sessions": len(self.pool), "free_sessions": self.pool.free,
                 "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens,

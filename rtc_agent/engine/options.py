@@ -20,6 +20,7 @@ class EngineOptions:
     model: str = "tiny"  # tiny | synthetic:30b-a3b | path to a local checkpoint
     device: str = "auto"
     dtype: str = "auto"
+    quantize: str = "none"  # none | int4 | auto: weight-only INT4 of the experts and attention (int4.py)
     text_only: bool = False  # no Talker or Code2Wav: not even loaded
     streaming: bool = True  # False: the whole answer is made, then its text and audio come out at once
     prefill_chunk_s: float = 1.0  # encode and prefill the caller's audio every this many seconds; 0: at turn end
@@ -47,6 +48,8 @@ class EngineOptions:
             raise ValueError("video_window_s must be 0 (no video) to 600 seconds")
         if self.video_still_threshold < 0:
             raise ValueError("video_still_threshold must be >= 0 (0: keep every second of video)")
+        if self.quantize not in ("none", "int4", "auto"):
+            raise ValueError(f"quantize must be none, int4 or auto, not {self.quantize!r}")
         if self.max_sessions < 0:
             raise ValueError("max_sessions must be >= 0 (0: as many as fit)")
         if self.max_answer_tokens < 1 or self.max_frames < 1:

@@ -56,13 +56,26 @@ def _cache_bytes(config, positions: int, dtype: torch.dtype) -> int:
 
 def slot_bytes(core) -> int:
     """Bytes of one slot's KV caches: Thinker, Talker, code predictor, Code2Wav."""
-    config, options = core.model.config, core.options
-    total = _cache_bytes(config.thinker_config.text_config, options.context_tokens, core.dtype)
-    if core.speech:
+    return _slot_bytes(core.model.config, core.options, core.dtype, core.speech)
+
+
+def estimated_slot_bytes(options) -> float:
+    """What one slot takes on the GPU (its caches and their overhead) for the released model in bf16, before any
+    model is loaded: for `quantize="auto"`."""
+    from transformers import Qwen3OmniMoeConfig
+
+    from .tiny import released_config_dict
+    config = Qwen3OmniMoeConfig(**released_config_dict())
+    return _slot_bytes(config, options, torch.bfloat16, not options.text_only) * SLOT_OVERHEAD
+
+
+def _slot_bytes(config, options, dtype: torch.dtype, speech: bool) -> int:
+    total = _cache_bytes(config.thinker_config.text_config, options.context_tokens, dtype)
+    if speech:
         talker = config.talker_config
-        total += _cache_bytes(talker.text_config, options.context_tokens + options.max_frames + 16, core.dtype)
-        total += _cache_bytes(talker.code_predictor_config, talker.num_code_groups + 1, core.dtype)
-        total += _cache_bytes(config.code2wav_config, options.max_frames + 1, core.dtype)
+        total += _cache_bytes(talker.text_config, options.context_tokens + options.max_frames + 16, dtype)
+        total += _cache_bytes(talker.code_predictor_config, talker.num_code_groups + 1, dtype)
+        total += _cache_bytes(config.code2wav_config, options.max_frames + 1, dtype)
     return total
 
 

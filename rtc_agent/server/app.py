@@ -84,9 +84,10 @@ async def _load_engine(state: ServerState) -> None:
             from ..engine import Engine, EngineOptions
 
             log.info("loading model %s (device %s)...", s.model, s.device)
-            options = EngineOptions(model=s.model, device=s.device, video_window_s=s.video_window_s,
-                                    max_sessions=s.max_sessions, text_only=s.no_talker,
-                                    streaming=not s.no_audio_stream, gpu_memory_fraction=s.gpu_memory_fraction)
+            options = EngineOptions(model=s.model, device=s.device, quantize=s.quantize,
+                                    video_window_s=s.video_window_s, max_sessions=s.max_sessions,
+                                    text_only=s.no_talker, streaming=not s.no_audio_stream,
+                                    gpu_memory_fraction=s.gpu_memory_fraction)
             state.engine = await asyncio.to_thread(Engine.load, options)
         slots = state.engine.describe()["max_sessions"]
         state.sessions.max_sessions = min(s.max_sessions, slots) if s.max_sessions else slots
