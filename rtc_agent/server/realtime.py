@@ -148,8 +148,8 @@ def session_object(session_id: str, model: Any, voice: str, instructions: str, t
         detection = {**detection, "create_response": True, "interrupt_response": True, "idle_timeout_ms": None}
     return {
         "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
-        "output_modalities": output_modalities(text_only), "instructions": instructions, "tools": [], "tool_choice": "auto",
-        "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
+        "output_modalities": output_modalities(text_only), "instructions": instructions, "tools": [],
+        "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
         "audio": {
             "input": {"format": PCM_FORMAT, "transcription": None, "noise_reduction": None,
                       "turn_detection": detection},
