@@ -52,9 +52,13 @@ serve() {  # serve PHASE ARGS...: start the server, wait until /readyz says read
     echo "serve ($phase) was not ready in 300 s"; tail -20 "$out/serve-$phase.log"; exit 1
 }
 stop() { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
-gauges() { echo "$1: used $(metric gpu_memory_used_gb) GB of $(metric gpu_memory_total_gb) GB," \
-    "peak $(metric gpu_memory_peak_gb) GB, guard active $(metric rtc_agent_memory_guard_active)," \
-    "calls $(metric rtc_agent_active_sessions)"; }
+gauges() {
+    local used total
+    used=$(metric gpu_memory_used_gb); total=$(metric gpu_memory_total_gb)
+    echo "$1: used $used GB of $total GB ($(python3 -c "print(round(100 * $used / max($total, 1e-9), 1))") %)," \
+         "peak $(metric gpu_memory_peak_gb) GB, guard active $(metric rtc_agent_memory_guard_active)," \
+         "calls $(metric rtc_agent_active_sessions)"
+}
 report() {  # report FILE: the loadtest's outcome per caller
     python3 - "$1" <<'PY'
 import json, sys
@@ -88,6 +92,8 @@ timeout 200 python3 -m rtc_agent.cli loadtest "$url" --wav "$wav" --callers "$n"
 callers=$!
 for _ in $(seq 100); do [ "$(metric rtc_agent_active_sessions)" = "$n.0" ] && break; sleep 0.2; done
 gauges "$n callers connected"
+samples=$(for _ in $(seq 16); do metric gpu_memory_used_gb; sleep 0.25; done | sort -n | sed -n '1p;$p' | tr '\n' ' ')
+echo "used while the $n callers talk (4 s, min max): $samples GB"
 
 echo "== 3. pressure from another process on the GPU"
 python3 - "$(metric gpu_memory_used_gb)" "$(metric gpu_memory_total_gb)" "$guard" "$push" > "$out/pressure.log" 2>&1 <<'PY' &
