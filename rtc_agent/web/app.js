@@ -730,7 +730,7 @@ class App {
     const parts = [];
     if (r.heard_ms != null) parts.push(`heard after ${fmtMs(r.heard_ms)}`);
     if (r.ttfp_ms != null) parts.push(`server first packet ${fmtMs(r.ttfp_ms)}`);
-    else if (r.ttft_ms != null) parts.push(`first text ${fmtMs(r.ttft_ms)}`);
+    else if (this.textMode && r.ttft_ms != null) parts.push(`first text ${fmtMs(r.ttft_ms)}`);
     meta.textContent = parts.join(" · ");
     meta.hidden = !parts.length;
   }
@@ -739,6 +739,8 @@ class App {
     $("latency").hidden = false;
     $("lat-heard").textContent = r.heard_ms != null ? fmtMs(r.heard_ms) : "–";
     $("lat-server").textContent = r.ttfp_ms != null ? fmtMs(r.ttfp_ms) : r.done ? "–" : "…";
+    $("lat-text-item").hidden = !this.textMode || r.ttft_ms == null;
+    $("lat-text").textContent = r.ttft_ms != null ? fmtMs(r.ttft_ms) : "–";
   }
 
   /** Text mode (a server without the Talker, or output_modalities ["text"]): answers are written, not spoken. */

@@ -304,6 +304,7 @@ def test_text_mode_shows_the_written_answer(new_page: Callable[..., Any], start_
     assert app(page, "rtcAgent.textMode && document.documentElement.dataset.output === 'text'")
     assert app(page, "rtcAgent.events.includes('response.output_text.delta')")
     assert "first text" in page.locator("li.agent .meta").first.inner_text()
+    assert MS.match(page.locator("#lat-text").inner_text())  # the latency chip shows the time to the first text
 
 
 def test_kiosk_reconnects_after_the_server_restarts(new_page: Callable[..., Any],
