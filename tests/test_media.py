@@ -78,9 +78,11 @@ def rtp(seq: int, ts: int) -> RtpPacket:
 
 
 def test_in_order_buffer_hands_each_packet_on_at_once_and_drops_late_ones() -> None:
-    buf = InOrderAudioBuffer()
-    out = [buf.add(rtp(seq, seq * 960))[1] for seq in (65534, 65535, 0, 2, 1, 3)]
-    assert [f.timestamp if f else None for f in out] == [65534 * 960, 65535 * 960, 0, 2 * 960, None, 3 * 960]
+    kept: list[bool] = []
+    buf = InOrderAudioBuffer(on_packet=kept.append)
+    out = [buf.add(rtp(seq, seq * 960))[1] for seq in (65534, 65535, 0, 2, 1, 3, 3)]
+    assert [f.timestamp if f else None for f in out] == [65534 * 960, 65535 * 960, 0, 2 * 960, None, 3 * 960, None]
+    assert kept == [True, True, True, True, False, True, False]  # every arrival reported; late and duplicate dropped
 
 
 def test_downmix_48k_stereo_s16_to_16k_mono_float_and_chunking() -> None:

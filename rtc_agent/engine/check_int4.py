@@ -15,6 +15,7 @@ check_moe's sweep does (moe.TILES), and the block size of int4.rows_kernel on th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from collections import defaultdict
 from typing import Any
@@ -70,11 +71,12 @@ def sweep(model, dtype: torch.dtype) -> dict[str, Any]:
                        for n in int4.PROJECTIONS]
         xs = [torch.randn(rows, p.in_features, device="cuda", generator=generator, dtype=dtype) for p in projections]
         times = {}
-        for block_n, warps in ((4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (32, 4)):
-            int4.ROWS_BLOCK_N, int4.ROWS_WARPS = block_n, warps
-            times[f"{block_n},{warps}"] = round(graph_time_us(lambda: [p(x) for p, x in zip(projections, xs)])
-                                                / len(projections), 2)
-        result[f"projection_rows_{rows}_us"] = times
+        for tile in itertools.product((4, 8), (256, 512), (4, 8)):
+            int4.ROWS_TILE = tile
+            times[tile] = graph_time_us(lambda: [p(x) for p, x in zip(projections, xs)]) / len(projections)
+        int4.ROWS_TILE = min(times, key=times.get)
+        fastest = sorted(times.items(), key=lambda kv: kv[1])[:6]
+        result[f"projection_rows_{rows}_us"] = {str(tile): round(us, 2) for tile, us in fastest}
     return result
 
 
@@ -119,7 +121,8 @@ def check(model_spec: str, device: str, tokens: int, frames: int, tile_sweep: bo
             "talker_layer_relative_error": [round(_relative(q, f), 4)
                                             for q, f in zip(q_talker_hidden[1:], talker_hidden[1:])],
             "code0_logits_relative_error": round(_relative(q_code_logits, code_logits), 4),
-            "code0_top1_agreement": round((q_code_logits.argmax(-1) == code_logits.argmax(-1)).float().mean().item(), 4),
+            "code0_top1_agreement": round((q_code_logits.argmax(-1) == code_logits.argmax(-1)).float().mean().item(),
+                                          4),
         }
     if tile_sweep:
         result["sweep"] = sweep(model, loaded.dtype)

@@ -145,7 +145,7 @@ def sweep_tiles(stacks, inputs) -> dict:
         xs = [x[0] for x in inputs[name]]
         run = functools.partial(_each, _fast, blocks, xs)
         if quantized:
-            candidates = [(bn, 256, w) for bn, w in itertools.product((2, 4, 8, 16, 32), (1, 2, 4))]
+            candidates = [(bn, bk, w) for bn, bk, w in itertools.product((4, 8, 16, 32), (256, 512), (2, 4))]
         else:
             candidates = [(bn, bk, w) for bn, bk, w in itertools.product((2, 4, 8, 16), (128, 256, 512), (4,))]
             candidates += [(bn, 256, w) for bn in (4, 8) for w in (2, 8)]

@@ -162,17 +162,18 @@ class Int4Experts(nn.Module):
 
 
 DECODE_ROWS = 16  # up to this many rows, linear layers take `rows_kernel`
-ROWS_BLOCK_N, ROWS_WARPS = 8, 2  # weight rows a program of `rows_kernel` reads; its warps
+ROWS_TILE = (4, 512, 8)  # `rows_kernel`: weight rows a program reads, bytes of each a step, warps (a sweep: H200)
 
 
 def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
-    """x [M, K] @ W^T for a few rows: one program per (row, block of ROWS_BLOCK_N weight rows)."""
+    """x [M, K] @ W^T for a few rows: one program per (row, block of weight rows)."""
     count, k = x.shape
     n = weight.shape[-2]
     x = x.contiguous()
     out = torch.empty(count, n, dtype=x.dtype, device=x.device)
-    _ROWS_KERNEL[(count, -(-n // ROWS_BLOCK_N))](x, weight.packed, weight.scale, weight.offset, out, n, K=k,
-                                                 G=weight.group, BLOCK_N=ROWS_BLOCK_N, num_warps=ROWS_WARPS)
+    block_n, block_b, warps = ROWS_TILE
+    _ROWS_KERNEL[(count, -(-n // block_n))](x, weight.packed, weight.scale, weight.offset, out, n, K=k, G=weight.group,
+                                            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=warps)
     return out
 
 
@@ -252,21 +253,30 @@ _KERNEL = _ROWS_KERNEL = rows_dot = None  # the kernels, where Triton is install
 if triton is not None:
 
     @triton.jit
-    def rows_dot(q_rows, s_rows, o_rows, v_row, row_ok, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr):
+    def rows_dot(q_rows, s_rows, o_rows, v_row, row_ok, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_B: tl.constexpr):
         """fp32 dot products of a block of packed weight rows (pointers q_rows [BLOCK_N, 1] to each row's bytes,
-        s_rows/o_rows [BLOCK_N] to its scales and offsets) with one vector of length K; groups of G."""
+        s_rows/o_rows [BLOCK_N] to its scales and offsets) with one vector of length K; groups of G. BLOCK_B bytes
+        of each row (several groups) a step, as [rows, groups, bytes] tiles: wide loads keep enough memory traffic
+        in flight, and a group's scale and offset are loaded once."""
         HALF: tl.constexpr = G // 2
-        half = tl.arange(0, HALF)
-        acc = tl.zeros([BLOCK_N, HALF], dtype=tl.float32)  # summed across lanes once, at the end
-        for g in range(0, K // G):
-            v_low = tl.load(v_row + g * G + half).to(tl.float32)[None, :]
-            v_high = tl.load(v_row + g * G + HALF + half).to(tl.float32)[None, :]
-            q = tl.load(q_rows + g * HALF + half[None, :], mask=row_ok[:, None], other=0)
-            scale = tl.load(s_rows + g, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-            offset = tl.load(o_rows + g, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        STEP: tl.constexpr = BLOCK_B // HALF if BLOCK_B > HALF else 1  # groups a step
+        byte = tl.arange(0, HALF)
+        acc = tl.zeros([BLOCK_N, STEP, HALF], dtype=tl.float32)  # summed across lanes once, at the end
+        for start in range(0, K // G, STEP):
+            group = start + tl.arange(0, STEP)
+            group_ok = group < K // G
+            col = group[:, None] * G + byte[None, :]  # the low nibbles' inputs; the high ones' are HALF further
+            v_low = tl.load(v_row + col, mask=group_ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+            v_high = tl.load(v_row + col + HALF, mask=group_ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+            ok = row_ok[:, None] & group_ok[None, :]
+            q = tl.load(q_rows[:, :, None] + (group[:, None] * HALF + byte[None, :])[None, :, :],
+                        mask=ok[:, :, None], other=0)
+            scale = tl.load(s_rows[:, None] + group[None, :], mask=ok, other=0.0).to(tl.float32)[:, :, None]
+            offset = tl.load(o_rows[:, None] + group[None, :], mask=ok, other=0.0).to(tl.float32)[:, :, None]
             acc += ((q & 15).to(tl.float32) * scale + offset) * v_low \
                 + ((q >> 4).to(tl.float32) * scale + offset) * v_high
-        return tl.sum(acc, axis=1)
+        return tl.sum(tl.sum(acc, axis=2), axis=1)
 
     @triton.jit
     def _tile(x_ptr, src, m_ok, q_ptr, s_ptr, o_ptr, n, n_ok, K: tl.constexpr, G: tl.constexpr,
@@ -330,12 +340,13 @@ if triton is not None:
             tl.store(out, acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
     @triton.jit
-    def rows_kernel(x_ptr, q_ptr, s_ptr, o_ptr, out_ptr, N, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr):
+    def rows_kernel(x_ptr, q_ptr, s_ptr, o_ptr, out_ptr, N, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_B: tl.constexpr):
         row = tl.program_id(0)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < N
         acc = rows_dot(q_ptr + n[:, None].to(tl.int64) * (K // 2), s_ptr + n * (K // G), o_ptr + n * (K // G),
-                       x_ptr + row.to(tl.int64) * K, n_ok, K, G, BLOCK_N)
+                       x_ptr + row.to(tl.int64) * K, n_ok, K, G, BLOCK_N, BLOCK_B)
         tl.store(out_ptr + row.to(tl.int64) * N + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
     _KERNEL, _ROWS_KERNEL = grouped_kernel, rows_kernel

@@ -38,12 +38,14 @@ from .int4 import Int4Experts, rows_dot
 from .triton_support import rounded, tl, triton
 
 # Tile sizes per (hidden, intermediate, top_k, int4): from a sweep on the H200 (docs/PERFORMANCE.md); others use
-# DEFAULT. Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps); int4 weights are read a
-# group of 128 at a time (BLOCK_K unused there).
+# DEFAULT. Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps); for int4 weights
+# BLOCK_K counts bytes of packed weights (two weights each).
 DEFAULT_TILES = ((8, 256, 4), (4, 256, 4))
 TILES: dict[tuple[int, int, int, bool], tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     (2048, 768, 8, False): ((8, 256, 4), (4, 256, 4)),  # Thinker: 35.7 µs per block in a graph (library 111 µs)
     (1024, 384, 6, False): ((4, 256, 2), (2, 512, 4)),  # Talker, shared expert included: 20.9 µs (library 112 µs)
+    (2048, 768, 8, True): ((16, 256, 4), (4, 512, 4)),  # Thinker, int4: 36.8 µs (one row; the best for 8 rows too)
+    (1024, 384, 6, True): ((8, 512, 4), (4, 256, 4)),  # Talker, int4: 22.4 µs (one row)
 }
 
 
@@ -277,9 +279,9 @@ if triton is not None:
                     q_rows = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * (H // 2)
                     s_rows = scale_ptr + expert.to(tl.int64) * stride_se + rows * (H // G_UP)
                     o_rows = offset_ptr + expert.to(tl.int64) * stride_se + rows * (H // G_UP)
-                    acc_gate = rows_dot(q_rows, s_rows, o_rows, x_row, row_ok, H, G_UP, BLOCK_N)
+                    acc_gate = rows_dot(q_rows, s_rows, o_rows, x_row, row_ok, H, G_UP, BLOCK_N, BLOCK_K)
                     acc_up = rows_dot(q_rows + I * (H // 2), s_rows + I * (H // G_UP), o_rows + I * (H // G_UP),
-                                      x_row, row_ok, H, G_UP, BLOCK_N)
+                                      x_row, row_ok, H, G_UP, BLOCK_N, BLOCK_K)
                     h = _silu_times(acc_gate, acc_up, dtype)
                 else:
                     gate_rows = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * H
@@ -313,7 +315,7 @@ if triton is not None:
                 acc = rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * (I // 2),
                                scale_ptr + expert * stride_se + rows * (I // G_DOWN),
                                offset_ptr + expert * stride_se + rows * (I // G_DOWN), h_row, row_ok, I, G_DOWN,
-                               BLOCK_N)
+                               BLOCK_N, BLOCK_K)
             else:
                 acc = _rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * I, h_row, row_ok, I,
                                 BLOCK_N, BLOCK_K)

@@ -28,7 +28,16 @@ class Metrics:
         self.memory_guard = Gauge("rtc_agent_memory_guard_active", "1 while GPU memory use is above "
                                   "--memory-guard-pct (no new calls)", registry=r)
         self.drop_ratio = Gauge("drop_audio_frame_ratio",
-                                "Answer frames not sent in time / answer frames made", registry=r)
+                                "Answer frames not sent in time (sent after a silence packet filled their 80 ms slot: "
+                                "the engine was slower than real time) / answer frames made; the network does not "
+                                "enter it", registry=r)
+        self.input_packets = Counter("rtc_agent_input_audio_packets",
+                                     "Caller audio packets that arrived, by what the server did with them: kept "
+                                     "(decoded) or dropped (arrived after a newer one: reordered or duplicated)",
+                                     ["outcome"], registry=r)
+        self.input_drop_ratio = Gauge("rtc_agent_input_audio_drop_ratio",
+                                      "Caller audio packets the server dropped / caller audio packets that arrived "
+                                      "(packets the network lost never arrive and are not in it)", registry=r)
         self.active_sessions = Gauge("rtc_agent_active_sessions", "Calls in progress", registry=r)
         self.sessions = Counter("rtc_agent_sessions", "Calls started", registry=r)
         self.rejected = Counter("rtc_agent_offers_rejected", "Offers refused", ["reason"], registry=r)
@@ -44,6 +53,7 @@ class Metrics:
                                             "Caller video frames kept for the model (video_fps a second)", registry=r)
         self.ready = Gauge("rtc_agent_ready", "1 once the model is loaded and warmed up", registry=r)
         self._made = self._late = 0
+        self._input_arrived = self._input_dropped = 0
 
     def show_memory(self, use: Any) -> None:
         """A memory reading (engine MemoryUse, or None: no GPU) into the gauges."""
@@ -70,6 +80,13 @@ class Metrics:
         for name, value in m.get("engine", {}).items():
             if name.endswith("_ms") and isinstance(value, (int, float)):
                 self.engine_ms.labels(name).observe(value)
+
+    def input_audio_packet(self, kept: bool) -> None:
+        """One caller audio packet arrived at a call's receiver (media.inbound.InOrderAudioBuffer)."""
+        self.input_packets.labels("kept" if kept else "dropped").inc()
+        self._input_arrived += 1
+        self._input_dropped += not kept
+        self.input_drop_ratio.set(self._input_dropped / self._input_arrived)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

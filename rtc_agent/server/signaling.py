@@ -19,6 +19,7 @@ from ..media.vad import SpeechProbability
 from . import json_input
 from .errors import ApiError, ProtocolError
 from .guard import read_body
+from .metrics import Metrics
 from .protocol import Offer, parse_offer
 from .sessions import CallSession, Full
 from .state import STATE, ServerState
@@ -104,7 +105,7 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
     track = OutboundAudioTrack()
     call.resume(pc, track)  # before the offer is applied: that is when the caller's tracks arrive
     try:
-        await _answer_offer(pc, offer.sdp, track)
+        await _answer_offer(pc, offer.sdp, track, state.metrics)
     except BaseException:
         call.lose("the resume offer failed")  # parked again: the caller may try once more
         raise
@@ -137,20 +138,20 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
                        end_of_turn=end_of_turn)
     try:
-        await _answer_offer(pc, offer.sdp, call.track)
+        await _answer_offer(pc, offer.sdp, call.track, state.metrics)
     except BaseException:
         await call.close("offer failed")
         raise
     return call
 
 
-async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTrack) -> None:
+async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTrack, metrics: Metrics) -> None:
     """Applies an offer that `parse_offer` checked and makes the answer; 400 `invalid_sdp` if aiortc still cannot
     use it."""
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(track)
-        use_low_latency_audio(pc)
+        use_low_latency_audio(pc, metrics.input_audio_packet)
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as exc:  # sdp_offer let through something aiortc cannot use
         log.warning("aiortc refused a checked offer: %r", exc)
