@@ -280,6 +280,21 @@ def test_settings_precedence_and_ice_servers(tmp_path) -> None:
                          ({"video_window_s": 601}, "video_window_s")]:
         with pytest.raises(ValueError, match=message):
             build_settings(bad, env={})
+    # the output and memory switches: flags, environment and file, as every other setting
+    config.write_text('no_talker = true\nmemory_guard_pct = 85\n')
+    memory = build_settings({"gpu_memory_fraction": 0.5}, env={"RTC_AGENT_NO_AUDIO_STREAM": "1"},
+                            config_file=str(config))
+    assert (memory.no_talker, memory.no_audio_stream, memory.memory_guard_pct, memory.gpu_memory_fraction) == \
+        (True, True, 85.0, 0.5)
+    switches = settings_from_args(parser().parse_args(["serve", "--no-talker", "--no-audio-stream",
+                                                       "--memory-guard-pct", "95", "--gpu-memory-fraction", "0.6"]))
+    assert (switches.no_talker, switches.no_audio_stream, switches.memory_guard_pct) == (True, True, 95.0)
+    assert build_settings({}, env={}).no_talker is False
+    for bad, message in [({"memory_guard_pct": 5}, "memory_guard_pct"), ({"memory_guard_pct": 101}, "memory_guard_pct"),
+                         ({"gpu_memory_fraction": 0}, "gpu_memory_fraction"),
+                         ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction")]:
+        with pytest.raises(ValueError, match=message):
+            build_settings(bad, env={})
     turn = parse_ice_server("turn:alice:pw@turn.example.com:3478?transport=udp")
     assert (turn.urls, turn.username, turn.credential) == ("turn:turn.example.com:3478?transport=udp", "alice", "pw")
     assert parse_ice_server("stun:stun.example.com:3478").username is None

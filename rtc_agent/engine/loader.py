@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from . import int4, tiny
+from .memory import cap_process_memory, free_bytes
 from .weights import fill_parameter, fill_random, recompute_buffers
 
 log = logging.getLogger(__name__)
@@ -57,11 +58,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load(spec: str = "tiny", device: str = "auto", text_only: bool = False, dtype: str = "auto",
-         quantize: str = "none", reserve_bytes: int = 0) -> LoadedModel:
-    """`reserve_bytes`: what the caller will need beside the weights (session slots), for `quantize="auto"`."""
+         quantize: str = "none", reserve_bytes: int = 0, memory_fraction: float = 1.0) -> LoadedModel:
+    """`text_only`: the model is built without the Talker and Code2Wav (their weights are never allocated).
+    `reserve_bytes`: what the caller will need beside the weights (session slots), for `quantize="auto"`.
+    `memory_fraction`: this process may take at most that share of the GPU's memory, from before the weights on."""
     if quantize not in QUANTIZE_CHOICES:
         raise ModelLoadError(f"unknown quantization {quantize!r}: use {', '.join(QUANTIZE_CHOICES)}")
     dev = resolve_device(device)
+    cap_process_memory(dev, memory_fraction)
     started = time.perf_counter()
     if spec == "tiny":
         path, model_dtype = tiny.tiny_checkpoint_dir(), _dtype(dtype, torch.float32)
@@ -96,7 +100,7 @@ def _choose(quantize: str, weight_bytes: int, reserve_bytes: int, device: torch.
     if device.type != "cuda":
         log.info("quantize auto: none (not on a GPU)")
         return "none"
-    total = torch.cuda.get_device_properties(device).total_memory
+    _, total = free_bytes(device)  # the GPU's memory, or this process's cap (--gpu-memory-fraction)
     needed = weight_bytes + reserve_bytes
     choice = "int4" if needed > AUTO_INT4_SHARE * total else "none"
     log.info("quantize auto: %s (weights %.1f GB + slots %.1f GB = %.1f GB %s %.0f %% of %.1f GB)", choice,
@@ -141,7 +145,7 @@ def _checkpoint_bytes(path: Path) -> int:
 def _check_fits(weight_bytes: int, device: torch.device, name: str) -> None:
     if device.type != "cuda":
         return
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = free_bytes(device)
     if weight_bytes > free * 0.95:
         raise ModelLoadError(f"model {name} needs {weight_bytes / 2**30:.1f} GiB for its weights alone, but "
                              f"{torch.cuda.get_device_name(device)} has {free / 2**30:.1f} GiB free")

@@ -37,6 +37,7 @@ class EngineOptions:
     fast_rotary: bool = True  # q/k norm, rotary and cache write of graphed steps in one kernel (rotary.py)
     fast_sampling: bool = True  # the Talker's and code predictor's draws in one kernel (sampling.py; CUDA)
     overlap: bool = True  # the Thinker's next token on a side stream while a frame is made (CUDA graphs only)
+    gpu_memory_fraction: float = 1.0  # the most of the GPU's memory this process may take (set before the weights)
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):
@@ -53,6 +54,8 @@ class EngineOptions:
             raise ValueError("max_sessions must be >= 0 (0: as many as fit)")
         if self.max_answer_tokens < 1 or self.max_frames < 1:
             raise ValueError("max_answer_tokens and max_frames must be >= 1")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError("gpu_memory_fraction must be above 0 and at most 1")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class SessionOptions:
     predictor_sampling: Sampling = PREDICTOR_SAMPLING
     max_answer_tokens: int | None = None  # None: the engine's
     max_frames: int | None = None
+    speech: bool = True  # False: answers are text only (the Talker sits them out); no effect on a text-only engine
 
     def __post_init__(self) -> None:
         if self.voice not in VOICES:

@@ -21,6 +21,7 @@ from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
 from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
 from .kv_cache import StaticKVCache
+from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_noise
 from .stack import run_stack
 from .talker import Talker, TalkerRow
@@ -85,12 +86,13 @@ def slot_count(core, requested: int) -> int:
         return requested
     if core.device.type != "cuda":
         return DEFAULT_CPU_SLOTS
-    free, total = torch.cuda.mem_get_info(core.device)
+    free, total = free_bytes(core.device)
     per_slot = int(slot_bytes(core) * SLOT_OVERHEAD)
     count = max(1, min(MAX_AUTO_SLOTS, (free - GPU_RESERVE_BYTES) // per_slot))
-    log.info("session slots: %.1f GB free of %.1f GB after the weights, minus %.1f GB reserve, / %.2f GB a slot "
-             "(%.2f GB of KV caches x %.1f) = %d slots (at most %d)", free / 1e9, total / 1e9,
-             GPU_RESERVE_BYTES / 1e9, per_slot / 1e9, slot_bytes(core) / 1e9, SLOT_OVERHEAD, count, MAX_AUTO_SLOTS)
+    log.info("session slots: %d (at most %d). After the weights %.1f GB of %.1f GB are free; %.1f GB stay in "
+             "reserve for prefills; a slot takes %.2f GB (%.2f GB of KV caches x %.1f for its graphs and buffers)",
+             count, MAX_AUTO_SLOTS, free / 1e9, total / 1e9, GPU_RESERVE_BYTES / 1e9, per_slot / 1e9,
+             slot_bytes(core) / 1e9, SLOT_OVERHEAD)
     return int(count)
 
 

@@ -163,6 +163,7 @@ class App {
       }
       if (cfg.instructions) $("instructions").placeholder = cfg.instructions;
       $("model-note").hidden = cfg.model !== "tiny";
+      if (Array.isArray(cfg.output_modalities)) this.setTextMode(cfg.output_modalities[0] === "text");
       return cfg;
     } catch {
       return {};
@@ -599,6 +600,7 @@ class App {
       case "session.created":
       case "session.updated":
         this.sessionInfo = msg.session ?? null;
+        if (Array.isArray(msg.session?.output_modalities)) this.setTextMode(msg.session.output_modalities[0] === "text");
         break;
       case "conversation.state":
         if (msg.state === "thinking" && this.state !== "speaking") this.setState("thinking");
@@ -618,6 +620,7 @@ class App {
         break;
       case "response.output_audio_transcript.delta":
       case "response.audio_transcript.delta":
+      case "response.output_text.delta": // text mode: the answer is written, not spoken
         this.transcriptDelta(msg.response_id, msg.delta ?? "");
         break;
       case "response.done":
@@ -718,6 +721,7 @@ class App {
     r.interrupted = !!(resp.interrupted ?? m.interrupted ?? resp.status === "cancelled");
     r.failed = resp.status === "failed";
     r.ttfp_ms = typeof m.ttfp_ms === "number" ? m.ttfp_ms : null;
+    r.ttft_ms = typeof m.ttft_ms === "number" ? m.ttft_ms : null;
     if (!r.text && resp.transcript) r.text = resp.transcript;
     const text = r.li.querySelector(".text");
     text.classList.remove("waiting");
@@ -769,6 +773,7 @@ class App {
     const parts = [];
     if (r.heard_ms != null) parts.push(`heard after ${fmtMs(r.heard_ms)}`);
     if (r.ttfp_ms != null) parts.push(`server first packet ${fmtMs(r.ttfp_ms)}`);
+    else if (this.textMode && r.ttft_ms != null) parts.push(`first text ${fmtMs(r.ttft_ms)}`);
     meta.textContent = parts.join(" · ");
     meta.hidden = !parts.length;
   }
@@ -777,6 +782,15 @@ class App {
     $("latency").hidden = false;
     $("lat-heard").textContent = r.heard_ms != null ? fmtMs(r.heard_ms) : "–";
     $("lat-server").textContent = r.ttfp_ms != null ? fmtMs(r.ttfp_ms) : r.done ? "–" : "…";
+    $("lat-text-item").hidden = !this.textMode || r.ttft_ms == null;
+    $("lat-text").textContent = r.ttft_ms != null ? fmtMs(r.ttft_ms) : "–";
+  }
+
+  /** Text mode (a server without the Talker, or output_modalities ["text"]): answers are written, not spoken. */
+  setTextMode(on) {
+    this.textMode = on;
+    document.documentElement.dataset.output = on ? "text" : "audio";
+    $("text-mode-note").hidden = !on;
   }
 
   serverError(err) {
