@@ -31,10 +31,15 @@ class MemoryUse:
         return 100.0 * self.used_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
+def _index(device: torch.device) -> int:
+    """The CUDA device's index (`cuda` alone means the current one; some torch.cuda calls need the index)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def cap_process_memory(device: torch.device, fraction: float) -> None:
     """Let this process take at most `fraction` of the GPU's memory (before anything is allocated)."""
     if device.type == "cuda" and fraction < 1.0:
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        torch.cuda.set_per_process_memory_fraction(fraction, _index(device))
         total = torch.cuda.get_device_properties(device).total_memory
         log.info("GPU memory capped at %.1f %% of %.1f GB = %.1f GB", fraction * 100, total / 1e9,
                  fraction * total / 1e9)
@@ -48,7 +53,7 @@ def read_memory(device: torch.device) -> MemoryUse | None:
     free, device_total = torch.cuda.mem_get_info(device)
     reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
     outside = max(0, device_total - free - reserved)  # the CUDA context, other processes
-    cap = int(device_total * torch.cuda.get_per_process_memory_fraction(device))
+    cap = int(device_total * torch.cuda.get_per_process_memory_fraction(_index(device)))
     return MemoryUse(used_bytes=allocated + outside, total_bytes=cap,
                      peak_bytes=torch.cuda.max_memory_allocated(device))
 
@@ -56,7 +61,7 @@ def read_memory(device: torch.device) -> MemoryUse | None:
 def free_bytes(device: torch.device) -> tuple[int, int]:
     """(free, total) for this process on a GPU: what it may still allocate under its cap, and the cap."""
     free, device_total = torch.cuda.mem_get_info(device)
-    cap = int(device_total * torch.cuda.get_per_process_memory_fraction(device))
+    cap = int(device_total * torch.cuda.get_per_process_memory_fraction(_index(device)))
     return min(free, cap - torch.cuda.memory_reserved(device)), cap
 
 
