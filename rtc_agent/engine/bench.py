@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": float("nan"), "p90": float("nan")}
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:  # e.g. no packets with --no-talker: null in the JSON (NaN is not JSON)
+        return {"p50": None, "p90": None}
     return {"p50": round(float(np.percentile(values, 50)), 2), "p90": round(float(np.percentile(values, 90)), 2)}
 
 
