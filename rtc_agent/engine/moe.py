@@ -91,13 +91,9 @@ MAX_DECODE_ROWS = 32  # a batched decode step of up to this many sessions (one p
 
 def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """Forward of a patched MoE block: the fused path for one CUDA position per row (a decode step, batched over
-    sessions), and with int4 experts for any input of up to MAX_DECODE_ROWS tokens (a turn end's short prefills:
-    the fused kernels handle each token alone, which is all a MoE does); the library's (or, for int4,
-    `Int4Experts`' grouped matmul) otherwise."""
-    batch, length, _ = hidden_states.shape
-    small = length == 1 or isinstance(self.experts, Int4Experts)
-    if not (self._fast_path and hidden_states.is_cuda and small and batch * length <= MAX_DECODE_ROWS
-            and _KERNELS is not None):
+    sessions), the library's otherwise."""
+    if not (self._fast_path and hidden_states.is_cuda and hidden_states.shape[1] == 1
+            and hidden_states.shape[0] <= MAX_DECODE_ROWS and _KERNELS is not None):
         return self._library_forward(hidden_states)
     return fused_forward(self, hidden_states)
 
