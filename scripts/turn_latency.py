@@ -3,12 +3,15 @@
 spoken by the project's aiortc client to a real server, in each turn-detection mode.
 
     .venv/bin/python scripts/turn_latency.py                      # starts `rtc-agent serve` on port 8120
+    .venv/bin/python scripts/turn_latency.py --speech tuning      # the sentences semantic_vad was tuned on
     .venv/bin/python scripts/turn_latency.py --url http://127.0.0.1:8120 --modes semantic_vad:auto,server_vad:400
     .venv/bin/python scripts/turn_latency.py --callers 8 --sets questions   # 8 calls at once
 
 Per sentence: the end-of-turn probability and the wait chosen (response.done's `end_of_turn`), the heard latency
 (end of speech in the WAV -> first answer audio arriving at the caller), and whether the turn was ended inside
-the sentence's pause (a cut-in). Prints Markdown tables and a summary; `--json FILE` keeps everything.
+the sentence's pause (a cut-in); and where the heard latency went (the check, the verdict, the server's first
+packet, the rest). The speech is the held-out set of scripts/turn_speech.py unless `--speech tuning`. Prints
+Markdown tables and a summary; `--json FILE` keeps everything.
 """
 from __future__ import annotations
 
