@@ -51,6 +51,7 @@ class Settings:
     drain_timeout_s: float = 300.0  # on SIGTERM: no new calls, wait this long at most for calls to end
     model: str = "tiny"
     device: str = "auto"
+    quantize: str = "none"  # none | int4 | auto: INT4 weights (README: Memory and quantization)
     voice: str = "ethan"
     instructions: str = DEFAULT_INSTRUCTIONS
     max_answer_s: float = 30.0  # an answer's speech stops after this long (the random-weight tiny model never ends)
@@ -59,6 +60,10 @@ class Settings:
     video_fps: float = 2.0  # caller video frames per second handed to the model (README: Video)
     video_max_side: int = 384  # frames are scaled to fit in this square, sides multiples of 32 (README: Video)
     video_window_s: int = 30  # seconds of caller video the model keeps in its context; 0: video is ignored
+    no_talker: bool = False  # text-only agent: neither the Talker nor Code2Wav is loaded; answers are text
+    no_audio_stream: bool = False  # an answer's audio goes out only once all of it is made (then paced)
+    memory_guard_pct: float = 90.0  # GPU memory use above this: no new calls, shorter video windows
+    gpu_memory_fraction: float = 1.0  # cap this process's share of the GPU's memory (torch), before the weights
     idle_timeout_s: float = 300.0  # a call with no caller speech and no answer this long is ended; 0: never
     max_call_s: float = 3600.0  # a call is ended after this long; 0: no limit
     max_body_bytes: int = 256 * 1024
@@ -134,7 +139,12 @@ def build_settings(
     return settings
 
 
+QUANTIZE_CHOICES = ("none", "int4", "auto")
+
+
 def validate(s: Settings) -> None:
+    if s.quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, not {s.quantize!r}")
     if s.voice not in VOICES:
         raise ValueError(f"voice must be one of {', '.join(VOICES)}")
     if bool(s.cert) != bool(s.key):
@@ -167,6 +177,10 @@ def validate(s: Settings) -> None:
         raise ValueError("max_connections must be at least 8")
     if not 0 <= s.video_window_s <= 600:
         raise ValueError("video_window_s must be between 0 (video ignored) and 600 seconds")
+    if not 10 <= s.memory_guard_pct <= 100:
+        raise ValueError("memory_guard_pct must be between 10 and 100 (100: the guard is off)")
+    if not 0.05 <= s.gpu_memory_fraction <= 1:
+        raise ValueError("gpu_memory_fraction must be between 0.05 and 1")
     t = s.turn
     if not 0.0 < t.vad_threshold < 1.0:
         raise ValueError("vad_threshold must be between 0 and 1")
@@ -219,6 +233,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"on SIGTERM, seconds to let calls finish before stopping (default {d.drain_timeout_s:g})")
     p.add_argument("--model", help=f"engine model (default {d.model}: the built-in tiny model)")
     p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {d.device})")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES,
+                   help=f"INT4 weights for the experts and attention: int4, auto (int4 where bf16 would pass 90 %% "
+                        f"of the GPU with the slots asked for) or none (default {d.quantize})")
     p.add_argument("--voice", choices=VOICES, help=f"default voice (default {d.voice})")
     p.add_argument("--instructions", help="default system prompt")
     p.add_argument("--max-answer-s", type=float, help=f"longest spoken answer in seconds (default {d.max_answer_s})")
@@ -239,6 +256,17 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"scale video frames to fit in this many pixels, a multiple of 32 (default {d.video_max_side})")
     p.add_argument("--video-window-s", type=int,
                    help=f"seconds of caller video kept in the model's context (default {d.video_window_s}; 0: none)")
+    p.add_argument("--no-talker", action="store_true", default=None,
+                   help="text-only agent: load neither the Talker nor Code2Wav (8-10 GB less on the full model); "
+                        "answers arrive as text on the data channel")
+    p.add_argument("--no-audio-stream", action="store_true", default=None,
+                   help="send an answer's audio only once all of it is made (then paced in real time)")
+    p.add_argument("--memory-guard-pct", type=float,
+                   help=f"above this %% of GPU memory in use, refuse new calls (503 server_full, reason memory) "
+                        f"and shorten the video windows of calls (default {d.memory_guard_pct:g}; 100: off)")
+    p.add_argument("--gpu-memory-fraction", type=float,
+                   help="cap this process at this fraction of the GPU's memory, set before the weights load "
+                        f"(default {d.gpu_memory_fraction:g}: no cap)")
     p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 

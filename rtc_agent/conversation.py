@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import numpy as np
 
 from .config import TurnSettings
-from .engine import FLUSH_AFTER_SILENCE_MS
+from .engine import FLUSH_AFTER_SILENCE_MS, EngineOutOfMemory
 from .engine.events import ResponseDone, SpeechFrame, TextDelta
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
 from .media.outbound import PACKET_S, AnswerOutput, Playout
@@ -38,6 +38,7 @@ from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 
 log = logging.getLogger(__name__)
 NO_SEMANTIC_VAD = "semantic_vad is not available on this server (the end-of-turn model is not installed)"
+NO_SPEECH = "this server answers in text only (it runs without the Talker: --no-talker)"
 
 
 class EngineSession(Protocol):
@@ -50,6 +51,7 @@ class EngineSession(Protocol):
     async def flush(self) -> None: ...
     def respond(self) -> AsyncIterator[TextDelta | SpeechFrame | ResponseDone]: ...
     async def cancel(self, frames_played: int) -> None: ...
+    async def limit_video(self, window_s: int) -> int | None: ...
     def update(self, **changes: Any) -> None: ...
     async def close(self) -> None: ...
 
@@ -81,7 +83,9 @@ class Answer:
     end_of_turn: dict[str, Any] = dataclasses.field(default_factory=dict)  # how the turn's end was decided
     playout: Playout | None = None
     respond_at: float | None = None  # when the engine was asked for the answer (after the turn's audio went in)
+    first_text_at: float | None = None  # when its first text went out
     cancelled: bool = False
+    text_only: bool = False  # written, not spoken: its text goes out as response.output_text.*
 
 
 class Conversation:
@@ -94,8 +98,11 @@ class Conversation:
         turn: TurnSettings,
         on_answer: Callable[[dict[str, Any]], None] = lambda metrics: None,
         end_of_turn: EndOfTurnScorer | None = None,
+        speech: bool = True,
     ) -> None:
         self.session = session
+        self.speech_available = speech  # False: the engine has no Talker (--no-talker); every answer is text
+        self.text_only = not speech  # this call's answers are text (session.update's output_modalities)
         self.track = track
         self.turn = turn
         self.state = State.LISTENING
@@ -231,13 +238,14 @@ class Conversation:
         now = time.monotonic()
         self._input_waiting = False
         answer = Answer(id=f"resp_{next(self._ids)}", turn_end_at=now, speech_end_at=now - hangover_ms / 1000,
-                        end_of_turn=end_of_turn or {"type": "commit", "wait_ms": None})
+                        end_of_turn=end_of_turn or {"type": "commit", "wait_ms": None}, text_only=self.text_only)
         self._answer = answer
         self._detector.min_speech_ms = self.turn.barge_in_ms
         self._set_state(State.THINKING)
         if committed:
             self._emit("input_audio_buffer.committed")
-        self._emit("response.created", response={"id": answer.id, "status": "in_progress"})
+        self._emit("response.created", response={"id": answer.id, "status": "in_progress",
+                                                 "output_modalities": ["text"] if answer.text_only else ["audio"]})
         self._ops.put_nowait(("respond", answer))
 
     # ---- client requests ----------------------------------------------------------------------------------
@@ -306,11 +314,18 @@ class Conversation:
         if self._answer is not None and self.state != State.INTERRUPTED:
             raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
 
-    def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None) -> None:
-        """session.update; the voice and instructions apply from the next answer (ValueError on bad values)."""
-        changes = {k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None}
+    def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None,
+               text_only: bool | None = None) -> None:
+        """session.update; the voice, instructions and output (`text_only`) apply from the next answer
+        (ValueError on bad values)."""
+        changes: dict[str, Any] = {k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None}
         if turn is not None and turn.auto and turn.turn_detection == "semantic_vad" and self._scorer is None:
             raise ValueError(NO_SEMANTIC_VAD)
+        if text_only is False and not self.speech_available:
+            raise ValueError(NO_SPEECH)
+        if text_only is not None:
+            self.text_only = text_only
+            changes["speech"] = not text_only
         if changes:
             self.session.update(**changes)
         if turn is not None:
@@ -379,7 +394,10 @@ class Conversation:
             async for event in self.session.respond():
                 if isinstance(event, TextDelta):
                     if not answer.cancelled:
-                        self._emit("response.output_audio_transcript.delta", response_id=answer.id, delta=event.text)
+                        answer.first_text_at = answer.first_text_at or time.monotonic()
+                        kind = "response.output_text.delta" if answer.text_only else \
+                            "response.output_audio_transcript.delta"
+                        self._emit(kind, response_id=answer.id, delta=event.text)
                 elif isinstance(event, SpeechFrame):
                     if not answer.cancelled:
                         playout.push(event.samples)
@@ -393,7 +411,7 @@ class Conversation:
             log.exception("answer %s failed", answer.id)
             error = str(exc) or type(exc).__name__
             playout.interrupt()
-            self._emit_error("engine_error", error)
+            self._emit_error(_error_code(exc), error)
         finally:
             self._finish_answer(answer, playout, done, error)
 
@@ -401,6 +419,7 @@ class Conversation:
         interrupted = answer.cancelled or playout.interrupted or bool(done and done.interrupted)
         metrics: dict[str, Any] = {
             "ttfp_ms": _ms(playout.first_packet_at, answer.turn_end_at),
+            "ttft_ms": _ms(answer.first_text_at, answer.turn_end_at),  # turn end → the first text sent
             "speech_end_to_first_packet_ms": _ms(playout.first_packet_at, answer.speech_end_at),
             "audio_in_ms": _ms(answer.respond_at, answer.turn_end_at),  # the turn's last audio into the engine
             "frames": playout.frames_made,
@@ -413,8 +432,12 @@ class Conversation:
             "engine": dict(done.metrics) if done else {},
         }
         status = "failed" if error else ("cancelled" if interrupted else "completed")
+        text = done.text if done else ""
+        modalities = ["text"] if answer.text_only else ["audio"]
         response = {"id": answer.id, "status": status, "interrupted": interrupted, "metrics": metrics,
-                    "transcript": done.text if done else ""}
+                    "output_modalities": modalities, "transcript": text}
+        if answer.text_only:
+            self._emit("response.output_text.done", response_id=answer.id, text=text)
         self._emit("response.done", response=response)
         self._on_answer(metrics)
         log.info("answer %s %s: ttfp %s ms, %d frames", answer.id, status, metrics["ttfp_ms"], playout.frames_sent)
@@ -464,7 +487,7 @@ class Conversation:
                 raise
             except Exception as exc:
                 log.exception("engine call %s failed", kind)
-                self._emit_error("engine_error", str(exc) or type(exc).__name__)
+                self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
 
     async def _push_image(self, image: np.ndarray, at: float) -> None:
         try:
@@ -518,6 +541,12 @@ class ConversationError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def _error_code(exc: Exception) -> str:
+    """The `error` event's code for an engine failure: out_of_memory (the GPU ran out; the turn or answer was
+    dropped, the call goes on) or engine_error."""
+    return "out_of_memory" if isinstance(exc, EngineOutOfMemory) else "engine_error"
 
 
 def _ignore(_: dict[str, Any]) -> None:

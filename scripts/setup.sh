@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# coturn, haproxy, iproute2 and nftables: the TURN, replica and network-fault tests (tests/netns_support.py)
-apt_packages=(espeak-ng sox chromium coturn haproxy iproute2 nftables)
+# coturn, haproxy and nftables: the TURN, replica and network-fault tests (tests/netns_support.py)
+apt_packages=(espeak-ng sox chromium coturn haproxy nftables)
 missing=()
 for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)  # the Realtime agents SDK's browser test

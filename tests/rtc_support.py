@@ -112,13 +112,14 @@ def settings(**overrides: Any) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def server(engine_: Any = "shared", ssl_context: Any = None, **overrides: Any
+async def server(engine_: Any = "shared", ssl_context: Any = None, memory: Any = None, **overrides: Any
                  ) -> AsyncIterator[tuple[str, web.Application]]:
     """A real server on a free loopback port; yields its URL and app. engine_: "shared" (the tiny engine of this
-    process), None (the server loads its own in the background), or an engine."""
+    process), None (the server loads its own in the background), or an engine. `memory`: the memory guard's
+    reader (default: the engine's, which reads nothing on a CPU)."""
     from rtc_agent.server.app import create_app, make_runner
 
-    app = create_app(settings(**overrides), engine=engine() if engine_ == "shared" else engine_)
+    app = create_app(settings(**overrides), engine=engine() if engine_ == "shared" else engine_, memory=memory)
     runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)

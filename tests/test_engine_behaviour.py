@@ -126,6 +126,8 @@ def test_non_streaming_gives_the_same_answer_text_first():
     assert kinds == ["TextDelta"] * 5 + ["SpeechFrame"] * 8 + ["ResponseDone"]
     assert events[-1].token_ids == done_a.token_ids
     assert [e.codes for e in events if isinstance(e, SpeechFrame)] == [f.codes for f in frames_a]
+    whole_audio = np.concatenate([e.samples for e in events if isinstance(e, SpeechFrame)])
+    assert np.array_equal(whole_audio, np.concatenate([f.samples for f in frames_a]))  # the same audio, sample for sample
 
 
 def test_voices_change_the_speech_not_the_text():
@@ -193,3 +195,22 @@ def test_model_errors_are_clear(tmp_path):
         load(str(tmp_path))
     with pytest.raises(ModelLoadError, match="no usable CUDA"):
         load("tiny", device="cuda")
+
+
+def test_a_session_can_answer_in_text_on_an_engine_that_speaks_and_speak_again():
+    engine = engine_for(prefill_chunk_s=0)
+    audio = caller_audio(1.0)
+    _, _, spoken = run(one_turn(engine.new_session(greedy(max_answer_tokens=6, max_frames=8)), audio))
+
+    async def text_then_speech():
+        session = engine.new_session(greedy(max_answer_tokens=6, max_frames=8, speech=False))
+        written = await one_turn(session, audio)
+        session.update(speech=True)
+        again = await one_turn(session, caller_audio(1.0, seed=1))
+        await session.close()
+        return written, again
+
+    (texts, frames, written), (_, frames_again, _) = run(text_then_speech())
+    assert frames == [] and written.frames == 0 and len(texts) == 6
+    assert written.token_ids == spoken.token_ids  # the Thinker's text does not depend on the Talker
+    assert len(frames_again) > 0

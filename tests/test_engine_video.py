@@ -191,6 +191,20 @@ def test_video_budget_keeps_the_newest_seconds_and_their_positions():
     assert len(frames) == 2 and done.token_ids
 
 
+def test_a_shortened_video_window_applies_from_the_next_seconds_of_video():
+    engine = engine_for(prefill_chunk_s=1.0, max_answer_tokens=16, max_frames=16)  # the 30 s default window
+    session = engine.new_session(greedy(max_answer_tokens=2, max_frames=2))
+    run(call_turn(session, caller_audio(6.0), [(0.5 * n, f) for n, f in enumerate(camera(12, seed=5))]))
+    before = session.video_stats()["seconds_in_context"]
+    assert run(session.limit_video(2)) == 2 and session.video_stats()["window_s"] == 2  # (the memory guard's cut)
+    run(call_turn(session, caller_audio(6.0, seed=1), [(20.0 + 0.5 * n, f) for n, f in enumerate(camera(12, seed=6))],
+                  audio_at=20.0))
+    assert before >= 5 and session.video_stats()["seconds_in_context"] <= 4  # the window plus at most 2
+    silent = engine.new_session(greedy(max_answer_tokens=2, max_frames=2))
+    run(one_turn(silent, caller_audio(1.0)))
+    assert run(silent.limit_video(2)) is None  # a call without video: nothing to shorten
+
+
 def test_video_off_then_on_between_turns():
     engine = engine_for(prefill_chunk_s=0)
     session = engine.new_session(greedy(max_answer_tokens=2, max_frames=2))
@@ -210,7 +224,7 @@ def test_audio_only_call_has_no_video_tokens():
     turn = session._conversation.segments[1]
     assert engine.ids.vision_start not in turn.ids and engine.ids.video not in turn.ids
     assert session.video_stats() == {"frames_received": 0, "last_at": None, "seconds_in_context": 0,
-                                     "tokens_in_context": 0}
+                                     "tokens_in_context": 0, "window_s": 30}
 
 
 @pytest.mark.parametrize("image, at, message", [

@@ -78,9 +78,11 @@ def rtp(seq: int, ts: int) -> RtpPacket:
 
 
 def test_in_order_buffer_hands_each_packet_on_at_once_and_drops_late_ones() -> None:
-    buf = InOrderAudioBuffer()
-    out = [buf.add(rtp(seq, seq * 960))[1] for seq in (65534, 65535, 0, 2, 1, 3)]
-    assert [f.timestamp if f else None for f in out] == [65534 * 960, 65535 * 960, 0, 2 * 960, None, 3 * 960]
+    kept: list[bool] = []
+    buf = InOrderAudioBuffer(on_packet=kept.append)
+    out = [buf.add(rtp(seq, seq * 960))[1] for seq in (65534, 65535, 0, 2, 1, 3, 3)]
+    assert [f.timestamp if f else None for f in out] == [65534 * 960, 65535 * 960, 0, 2 * 960, None, 3 * 960, None]
+    assert kept == [True, True, True, True, False, True, False]  # every arrival reported; late and duplicate dropped
 
 
 def test_downmix_48k_stereo_s16_to_16k_mono_float_and_chunking() -> None:
@@ -276,6 +278,21 @@ def test_settings_precedence_and_ice_servers(tmp_path) -> None:
                          ({"video_max_side": 4096}, "between 32 and 1280"), ({"video_fps": 0}, "video_fps"),
                          ({"video_fps": 30}, "video_fps"), ({"video_window_s": -1}, "video_window_s"),
                          ({"video_window_s": 601}, "video_window_s")]:
+        with pytest.raises(ValueError, match=message):
+            build_settings(bad, env={})
+    # the output and memory switches: flags, environment and file, as every other setting
+    config.write_text('no_talker = true\nmemory_guard_pct = 85\n')
+    memory = build_settings({"gpu_memory_fraction": 0.5}, env={"RTC_AGENT_NO_AUDIO_STREAM": "1"},
+                            config_file=str(config))
+    assert (memory.no_talker, memory.no_audio_stream, memory.memory_guard_pct, memory.gpu_memory_fraction) == \
+        (True, True, 85.0, 0.5)
+    switches = settings_from_args(parser().parse_args(["serve", "--no-talker", "--no-audio-stream",
+                                                       "--memory-guard-pct", "95", "--gpu-memory-fraction", "0.6"]))
+    assert (switches.no_talker, switches.no_audio_stream, switches.memory_guard_pct) == (True, True, 95.0)
+    assert build_settings({}, env={}).no_talker is False
+    for bad, message in [({"memory_guard_pct": 5}, "memory_guard_pct"), ({"memory_guard_pct": 101}, "memory_guard_pct"),
+                         ({"gpu_memory_fraction": 0}, "gpu_memory_fraction"),
+                         ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction")]:
         with pytest.raises(ValueError, match=message):
             build_settings(bad, env={})
     turn = parse_ice_server("turn:alice:pw@turn.example.com:3478?transport=udp")

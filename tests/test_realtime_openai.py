@@ -345,7 +345,7 @@ def test_http_errors_cors_and_bad_bodies() -> None:
     ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}},
      "session.audio.input.turn_detection.idle_timeout_ms"),
     ({"audio": {"output": {"speed": 1.5}}}, "session.audio.output.speed"),
-    ({"output_modalities": ["text"]}, "session.output_modalities"),
+    ({"output_modalities": ["audio", "text"]}, "session.output_modalities"),
     ({"prompt": {"id": "pmpt_1"}}, "session.prompt"),
 ])
 def test_session_settings_this_server_cannot_honour_are_refused_by_name(session: dict[str, Any], param: str) -> None:
@@ -361,7 +361,8 @@ def test_session_settings_map_onto_ours() -> None:
                                           "turn_detection": {"type": "server_vad", "threshold": 0.6,
                                                              "silence_duration_ms": 300, "create_response": True}},
                                 "output": {"voice": "aiden", "speed": 1}}}, TurnSettings())
-    assert (update.voice, update.instructions) == ("aiden", "Hi.")
+    assert (update.voice, update.instructions, update.text_only) == ("aiden", "Hi.", False)
+    assert parse_session({"output_modalities": ["text"]}, TurnSettings()).text_only is True
     assert (update.turn.vad_threshold, update.turn.silence_ms, update.turn.auto) == (0.6, 300, True)
     assert parse_session({"audio": {"input": {"turn_detection": None}}}, TurnSettings()).turn.auto is False
     with pytest.raises(ProtocolError):  # our own checks still apply

@@ -163,6 +163,9 @@ def test_metrics_move_with_a_call_and_an_audio_only_call_pays_nothing_for_video(
             assert metric(after, "audio_first_packet_latency_ms_count") == 1.0
             assert metric(after, 'rtc_agent_turns_total{status="completed"}') == 1.0
             assert metric(after, 'rtc_agent_output_frames_total{outcome="sent"}') > 0
+            assert metric(after, 'rtc_agent_input_audio_packets_total{outcome="kept"}') > 50  # 20 ms packets
+            assert metric(after, 'rtc_agent_input_audio_packets_total{outcome="dropped"}') == 0.0  # loopback: in order
+            assert metric(after, "rtc_agent_input_audio_drop_ratio") == 0.0
             assert metric(after, "rtc_agent_sessions_total") == 1.0
             assert metric(after, "rtc_agent_active_sessions") == 0.0
             assert 'rtc_agent_engine_step_ms_count{metric="ttfp_ms"}' in after

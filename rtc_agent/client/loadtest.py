@@ -130,7 +130,7 @@ async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spa
         result["failure"] = await _converse(call, mic, samples, spans, settings, result["turns"])
     except CallError as exc:
         result["failure"] = {"code": exc.code, "status": exc.status, "message": exc.message,
-                             "retry_after_s": exc.retry_after_s}
+                             "retry_after_s": exc.retry_after_s, "reason": exc.reason}
     except asyncio.TimeoutError:
         result["failure"] = {"code": "connect_timeout", "message": "the call's data channel never opened (ICE/DTLS)"}
     except (OSError, aiohttp.ClientError) as exc:
@@ -238,6 +238,13 @@ def _pp(p: dict[str, Any]) -> str:
     return "-" if p["p50"] is None else f"{p['p50']:.0f}/{p['p90']:.0f}"
 
 
+def _failure(f: dict[str, Any]) -> str:
+    """A caller's failure in one line: code (reason): message (Retry-After)."""
+    reason = f" ({f['reason']})" if f.get("reason") else ""
+    retry = f" (Retry-After {f['retry_after_s']:g} s)" if f.get("retry_after_s") is not None else ""
+    return f"{f['code']}{reason}: {f['message']}{retry}"
+
+
 def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
@@ -252,8 +259,7 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
         connect = "-" if c["connected_ms"] is None else f"{c['connected_ms']:.0f} ms"
         if (c["attempts"] or 1) > 1:
             connect += f" ({c['attempts']} tries)"
-        why = "" if not f else f"{f['code']}: {f['message']}" + (
-            f" (Retry-After {f['retry_after_s']:g} s)" if f.get("retry_after_s") is not None else "")
+        why = "" if not f else _failure(f)
         print(f"{c['caller']:>6} {c['session_id'] or '-':<18} {connect:>16} {m['answered']:>4}/{m['turns']:<4} "
               f"{_pp(m['heard_ms']):>11} {_pp(m['server_ttfp_ms']):>12} {m['frames_late']:>5} "
               f"{m['frames_dropped']:>8} {m['gaps']:>5}  {why}")

@@ -23,9 +23,11 @@ RECORD_RATE = 24_000
 class CallError(Exception):
     """The server refused the call (the contract's JSON error; 503s say when to try again in Retry-After)."""
 
-    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message, self.retry_after_s = status, code, message, retry_after_s
+        self.reason = reason  # server_full: slots or memory
 
 
 @dataclass
@@ -133,7 +135,7 @@ class Call:
                 if r.status != 200:
                     err = data.get("error", {}) if isinstance(data, dict) else {}
                     raise CallError(r.status, err.get("code", "error"), err.get("message", str(data)),
-                                    _seconds(r.headers.get("Retry-After")))
+                                    _seconds(r.headers.get("Retry-After")), err.get("reason"))
         self.session_id = data["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=data["sdp"], type=data["type"]))
         await asyncio.wait_for(self.opened.wait(), timeout_s)

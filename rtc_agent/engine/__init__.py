@@ -4,9 +4,10 @@ from .engine import FLUSH_AFTER_SILENCE_MS, Engine, EngineFullError, Session
 from .events import FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, TextDelta
 from .kv_cache import ContextFullError
 from .loader import ModelLoadError
+from .memory import EngineOutOfMemory, MemoryUse
 from .options import VOICES, EngineOptions, SessionOptions
 from .sampling import Sampling
 
-__all__ = ["ContextFullError", "Engine", "FLUSH_AFTER_SILENCE_MS", "EngineFullError", "EngineOptions", "FRAME_SAMPLES", "INPUT_SAMPLE_RATE", "ModelLoadError",
-           "OUTPUT_SAMPLE_RATE", "ResponseDone", "Sampling", "Session", "SessionOptions", "SpeechFrame", "TextDelta",
+__all__ = ["ContextFullError", "Engine", "FLUSH_AFTER_SILENCE_MS", "EngineFullError", "EngineOptions", "EngineOutOfMemory", "FRAME_SAMPLES", "INPUT_SAMPLE_RATE", "MemoryUse",
+           "ModelLoadError", "OUTPUT_SAMPLE_RATE", "ResponseDone", "Sampling", "Session", "SessionOptions", "SpeechFrame", "TextDelta",
            "TurnTooLongError", "VOICES"]

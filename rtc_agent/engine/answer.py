@@ -41,6 +41,7 @@ class Answer:
         self.frame_times: list[float] = []
         self.thinker_done = False  # the text is complete (EOS, or the length limit)
         self.speaking = False  # frames are still being made
+        self.spoken = False  # the answer is spoken (the Talker makes its frames), not text only
         self.text_after_end = 0  # Talker steps fed since the text ended (tts_eos first, then tts_pad)
         self.interrupted_at: int | None = None  # frames the caller heard, once interrupted
         self.done = False
@@ -87,7 +88,7 @@ class Answer:
         """Leave the caches holding the answer as the caller heard it and send `ResponseDone`."""
         conversation = self.conversation
         interrupted = self.interrupted_at is not None
-        speech = conversation.talker is not None
+        speech = self.spoken
         kept = self.tokens if not speech or not interrupted else self.tokens[:self.interrupted_at]
         self.done = True
         try:
@@ -97,6 +98,7 @@ class Answer:
                 self.metrics["frame_ms_p50"] = float(np.percentile(self.frame_times, 50) * 1e3)
                 self.metrics["frame_ms_p90"] = float(np.percentile(self.frame_times, 90) * 1e3)
             self.metrics["audio_s"] = self.frames * FRAME_S
+            self.metrics["total_ms"] = (time.perf_counter() - self.started) * 1e3  # the whole answer made
             decoded = conversation.core.tokenizer.decode(kept)
             self.emit(ResponseDone(decoded, tuple(kept), self.frames, interrupted, self.metrics))
 

@@ -24,6 +24,8 @@ FRAME_S = 0.08
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="tiny | synthetic:30b-a3b | path to a checkpoint")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--quantize", choices=("none", "int4", "auto"), default="none",
+                        help="INT4 weights for the experts and attention (int4.py)")
     parser.add_argument("--turns", type=int, default=5, help="caller turns per session")
     parser.add_argument("--sessions", type=int, default=1, help="callers at once, each its own session")
     parser.add_argument("--max-sessions", type=int, help="session slots to make (default: --sessions)")
@@ -50,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--video-s", type=float, default=0.0,
                         help="seconds of 2 fps camera before each question (the camera stays on while it is asked)")
     parser.add_argument("--video-size", default="384x288", help="camera frame size, WIDTHxHEIGHT")
+    parser.add_argument("--no-talker", action="store_true",
+                        help="text only: load neither the Talker nor Code2Wav (time to first text token, memory)")
+    parser.add_argument("--no-audio-stream", action="store_true",
+                        help="answers come out only once all of them is made (answer_ms is then the first packet)")
+    parser.add_argument("--gpu-memory-fraction", type=float, default=1.0,
+                        help="cap the process at this fraction of the GPU's memory, before the weights load")
     parser.add_argument("--compare-stock", action="store_true", help="also time stock generate on the same turn")
     parser.add_argument("--stock-runs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -106,7 +114,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     width, height = (int(side) for side in args.video_size.split("x"))
     window = math.ceil(args.video_s + args.turn_s) if args.video_s else 0
     video_tokens = window * (round(width / 32) * round(height / 32) + 13)  # a second of video with its audio
-    engine = Engine.load(EngineOptions(model=args.model, device=args.device, prefill_chunk_s=args.prefill_chunk_s,
+    engine = Engine.load(EngineOptions(model=args.model, device=args.device, quantize=args.quantize,
+                                       prefill_chunk_s=args.prefill_chunk_s,
                                        max_answer_tokens=max(args.answer_tokens, 16),
                                        max_frames=max(args.answer_frames, 16), cuda_graphs=not args.no_cuda_graphs,
                                        fast_moe=not args.no_fast_moe, fast_attention=not args.no_fast_attention,
@@ -114,6 +123,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                                        fast_sampling=not args.no_fast_sampling,
                                        overlap=not args.no_overlap, video_window_s=window,
                                        max_sessions=args.max_sessions or args.sessions,
+                                       text_only=args.no_talker, streaming=not args.no_audio_stream,
+                                       gpu_memory_fraction=args.gpu_memory_fraction,
                                        context_tokens=args.context_tokens or
                                        max(8192, 2 ** math.ceil(math.log2(video_tokens * 1.5 + 2048)))))
     loaded = time.perf_counter()
@@ -133,6 +144,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     rtf = [caller["busy_s"] / caller["audio_s"] for caller in callers if caller["audio_s"]]
     result: dict[str, Any] = {
         "model": args.model, "device": _device_name(engine), "dtype": engine.describe()["dtype"],
+        "quantize": engine.describe()["quantize"],
         "context_tokens": engine.options.context_tokens, "sessions": args.sessions, "slots": len(engine.pool),
         "turns": args.turns,
         "turn_s": args.turn_s, "silence_ms": args.silence_ms, "system_tokens": args.system_tokens,
@@ -141,8 +153,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "fast_attention": attention.active(engine.model), "overlap": engine.options.overlap and engine.cuda_graphs,
         "fast_norm": norm.active(engine.model), "fast_rotary": rotary.active(engine.model),
         "fast_sampling": sampling.fused_active(engine.options.fast_sampling, engine.device),
+        "speech": engine.speech, "streaming": engine.options.streaming,
         "ttfp_ms": _percentiles(ttfp),
-        "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2),
+        "ttfp_ms_first_turn": round(callers[0]["ttfp"][0], 2) if callers[0]["ttfp"] else None,
+        "answer_ms": _percentiles([ms for caller in callers for ms in caller["answer_ms"]]),
         "ttfp_ms_turns": [round(ms, 1) for ms in callers[0]["ttfp"]],
         "ttft_ms_turns": [round(ms, 1) for ms in callers[0]["ttft"]],
         "ttft_ms": _percentiles([ms for caller in callers for ms in caller["ttft"]]),
@@ -163,7 +177,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _caller(session, args: argparse.Namespace, width: int, height: int, index: int) -> dict[str, Any]:
     """One caller's turns: audio (and camera) pushed in 20 ms pieces as the call server does, then the answer."""
-    ttfp, ttft, frame_ms, busy_s, audio_s = [], [], [], 0.0, 0.0
+    ttfp, ttft, frame_ms, answer_ms, busy_s, audio_s = [], [], [], [], 0.0, 0.0
     clock = 0.0  # the session's media clock
     for turn in range(args.turns):
         audio = _caller_turn(args.turn_s, seed=turn + 100 * index)
@@ -183,14 +197,17 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
             if isinstance(event, SpeechFrame):
                 made += 1
             elif isinstance(event, ResponseDone):
-                ttfp.append(event.metrics["ttfp_ms"])
+                ttfp += [event.metrics["ttfp_ms"]] if "ttfp_ms" in event.metrics else []  # none: text only
+                answer_ms.append(event.metrics["total_ms"])
                 ttft += [event.metrics["ttft_ms"]] if "ttft_ms" in event.metrics else []  # none: no text
                 frame_ms += [event.metrics["frame_ms_p50"]] if "frame_ms_p50" in event.metrics else []
         busy_s += time.perf_counter() - turn_started
         audio_s += made * FRAME_S
         if not args.json:
-            print(f"session {index} turn {turn}: ttfp {ttfp[-1]:.1f} ms, {made} frames", flush=True)
-    return {"ttfp": ttfp, "ttft": ttft, "frame_ms": frame_ms, "busy_s": busy_s, "audio_s": audio_s}
+            print(f"session {index} turn {turn}: ttft {ttft[-1] if ttft else 0:.1f} ms, ttfp "
+                  f"{ttfp[-1] if made else 0:.1f} ms, {made} frames, whole answer {answer_ms[-1]:.1f} ms", flush=True)
+    return {"ttfp": ttfp, "ttft": ttft, "frame_ms": frame_ms, "answer_ms": answer_ms, "busy_s": busy_s,
+            "audio_s": audio_s}
 
 
 async def _hang_over(session, silence_ms: int, at: float) -> None:

@@ -25,6 +25,7 @@ import time
 import torch
 
 from . import moe
+from .int4 import Int4Experts
 from .loader import load
 
 
@@ -134,15 +135,20 @@ def time_layers(stacks, inputs) -> dict:
 
 
 def sweep_tiles(stacks, inputs) -> dict:
-    """Time the production path over all blocks of a stack for several tile sizes of each kernel."""
+    """Time the production path over all blocks of a stack for several tile sizes of each kernel (int4 blocks:
+    BLOCK_N and warps only, their BLOCK_K being a quantization group)."""
     result = {}
     for name, blocks in stacks.items():
         e = blocks[0].experts
-        key = (e.hidden_dim, e.intermediate_dim, blocks[0].gate.top_k)
+        quantized = isinstance(e, Int4Experts)
+        key = (e.hidden_dim, e.intermediate_dim, blocks[0].gate.top_k, quantized)
         xs = [x[0] for x in inputs[name]]
         run = functools.partial(_each, _fast, blocks, xs)
-        candidates = [(bn, bk, w) for bn, bk, w in itertools.product((2, 4, 8, 16), (128, 256, 512), (4,))]
-        candidates += [(bn, 256, w) for bn in (4, 8) for w in (2, 8)]
+        if quantized:
+            candidates = [(bn, bk, w) for bn, bk, w in itertools.product((4, 8, 16, 32), (256, 512), (2, 4))]
+        else:
+            candidates = [(bn, bk, w) for bn, bk, w in itertools.product((2, 4, 8, 16), (128, 256, 512), (4,))]
+            candidates += [(bn, 256, w) for bn in (4, 8) for w in (2, 8)]
         times = {}
         best_up, best_down = moe.TILES.get(key, moe.DEFAULT_TILES)
         for tiles in candidates:  # gate_up tiles, down fixed

@@ -15,6 +15,7 @@ from .answer import Answer
 from .caller_video import CallerVideo
 from .events import INPUT_SAMPLE_RATE, Event
 from .layout import Piece, TurnLayout
+from .memory import release_cached
 from .options import SessionOptions
 from .sampling import choose
 from .slots import Slot
@@ -167,6 +168,40 @@ class Conversation:
             raise ValueError("the text is empty")
         self.typed += ids
 
+    def limit_video(self, window_s: int) -> int | None:
+        """Keep at most `window_s` seconds of video in the context from the next second of video or turn on (the
+        memory guard shortens the window of calls with video); returns the window, None for a call without video."""
+        if not self.video.received:
+            return None
+        self.video.window_s = max(1, min(self.video.window_s, window_s))
+        return self.video.window_s
+
+    def recover(self) -> None:
+        """After an out-of-memory error in this call's work: the caller's turn in progress (or an answer that never
+        started) is dropped and the caches are prefilled again from the conversation kept so far; if even that
+        does not fit, the context is emptied (`forget`)."""
+        release_cached(self.core.device)
+        self.pending, self.typed = np.zeros(0, dtype=np.float32), []
+        self.slot.answer = None
+        if self.turn is not None:
+            self.video.give_back(self.turn.frames)
+            self.turn = None
+        if self.segments and self.segments[-1].role == "user":  # its answer never started, or was never closed
+            self.segments.pop()
+        try:
+            self._rebuild()
+        except torch.OutOfMemoryError:
+            release_cached(self.core.device)
+            self.forget()
+
+    def forget(self) -> None:
+        """Drop the whole context (the caches are left empty and consistent): the way out when even dropping the
+        caller's turn could not be prefilled again. The next turn starts with the system prompt."""
+        self.segments, self.turn, self.typed = [], None, []
+        self.pending = np.zeros(0, dtype=np.float32)
+        self._last_answer = None
+        self.slot.reset(None)
+
     def has_audio(self) -> bool:
         return len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.segment.audio))
 
@@ -186,7 +221,7 @@ class Conversation:
         start = self._turn_start_at
         per_second = self.core.model.config.thinker_config.position_id_per_seconds
         held, frames = self.video.take(start, -math.inf, 0)
-        held = held[-self.core.options.video_window_s:] if self.core.options.video_window_s else []
+        held = held[-self.video.window_s:] if self.video.window_s else []
         self._make_room(len(held))
         layout = TurnLayout(self.ids, self.video.active_since(start - 1.0), per_second)
         self.turn = Turn(Segment("user", [], np.zeros((3, 0), dtype=np.int64)), layout, start, frames=frames)
@@ -332,7 +367,7 @@ class Conversation:
     def _drop_video(self, new_grids: int) -> bool:
         """If the context would hold more than the video window plus half of it again, drop the oldest seconds of
         video down to the window. Dropping in batches keeps rebuilds rare; returns whether any was dropped."""
-        window = self.core.options.video_window_s
+        window = self.video.window_s
         holders = [s for s in [*self.segments, self.turn.segment if self.turn else None] if s is not None and s.grids]
         held = sum(len(s.grids) for s in holders) + new_grids
         if held <= window + max(2, window // 2):
@@ -382,7 +417,8 @@ class Conversation:
         answer.thinker_done = token == i.im_end
         if not answer.thinker_done:
             answer.add_first_token(token)
-        if self.talker is not None:
+        if self.talker is not None and self.options.speech:
+            answer.spoken = True
             answer.thinker_done = answer.thinker_done or len(answer.tokens) >= self.options.max_answer_tokens
             side = self.core.pool.side_stream
             if side is not None:  # the Thinker's side-stream steps come after its prefill on this stream

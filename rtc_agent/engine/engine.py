@@ -23,8 +23,9 @@ from .answer import Answer, tick
 from .conversation import Conversation, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
+from .memory import EngineOutOfMemory, MemoryUse, read_memory
 from .options import EngineOptions, SessionOptions
-from .slots import Slot, SlotPool, slot_count
+from .slots import Slot, SlotPool, estimated_slot_bytes, slot_count
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,13 @@ class Engine:
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions()) -> "Engine":
         """Load the model (blocking: seconds for `tiny`, minutes for a real checkpoint)."""
-        return cls(load(options.model, options.device, options.text_only, options.dtype), options)
+        return cls(load(options.model, options.device, options.text_only, options.dtype, options.quantize,
+                        reserve_bytes=max(1, options.max_sessions) * int(estimated_slot_bytes(options))
+                        if options.quantize == "auto" else 0, memory_fraction=options.gpu_memory_fraction), options)
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.loaded.name, "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "quantize": self.loaded.quantize,
                 "speech": self.speech, "streaming": self.options.streaming, "ready": self.ready,
                 "max_sessions": len(self.pool), "free_sessions": self.pool.free,
                 "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens,
@@ -78,6 +82,10 @@ class Engine:
         if self.device.type != "cuda":
             return None
         return torch.cuda.max_memory_allocated(self.device) / 1e9
+
+    def memory(self) -> MemoryUse | None:
+        """GPU memory in use now (memory.py says what counts); None on a CPU."""
+        return read_memory(self.device)
 
     def project_text(self, embeds: torch.Tensor) -> torch.Tensor:
         """Thinker token embeddings → the Talker's text input (`text_projection`)."""
@@ -172,8 +180,31 @@ class Session:
         if self._conversation is None:
             self._conversation = await self.engine.run(Conversation, self.engine, self._slot, self.options)
         elif self._conversation.options is not self.options:
-            await self.engine.run(self._conversation.apply, self.options)
+            await self._run_turn(self._conversation.apply, self.options)
         return self._conversation
+
+    async def _run_turn(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
+        """Run a piece of this call's work on the worker. If the GPU runs out of memory in it, the caller's turn
+        is dropped, the caches are left consistent, and `EngineOutOfMemory` says so: the call goes on."""
+        conv = self._conversation
+
+        def job() -> T:
+            try:
+                return fn(*args)
+            except torch.OutOfMemoryError:
+                log.warning("out of GPU memory in %s; the caller's turn is dropped", getattr(fn, "__name__", fn))
+                conv.recover()
+                raise EngineOutOfMemory("the GPU ran out of memory for this turn; it was dropped (the call goes "
+                                        "on: speak again)") from None
+
+        return await self.engine.run(job, urgent=urgent)
+
+    async def limit_video(self, window_s: int) -> int | None:
+        """Keep at most `window_s` seconds of the caller's video in the context (the memory guard); returns the
+        window now in force, None when this call has sent no video."""
+        if self._conversation is None or self.closed:
+            return None
+        return await self.engine.run(self._conversation.limit_video, window_s)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
                          at: float | None = None) -> None:
@@ -190,7 +221,7 @@ class Session:
             self._buffered.append((samples, at))
             return
         conv = await self._conv()
-        await self.engine.run(conv.add_audio, samples, at)
+        await self._run_turn(conv.add_audio, samples, at)
 
     async def push_text(self, text: str) -> None:
         """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole
@@ -208,7 +239,7 @@ class Session:
         has only what comes after to encode). No effect during an answer."""
         self._check_open()
         if self._conversation is not None and not self._answering:
-            await self.engine.run(self._conversation.flush)
+            await self._run_turn(self._conversation.flush)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait
@@ -224,18 +255,20 @@ class Session:
         """What became of the caller's video: frames received, seconds of video in the context."""
         conv = self._conversation
         if conv is None:
-            return {"frames_received": 0, "last_at": None, "seconds_in_context": 0, "tokens_in_context": 0}
+            return {"frames_received": 0, "last_at": None, "seconds_in_context": 0, "tokens_in_context": 0,
+                    "window_s": self.engine.options.video_window_s}
         segments = [*conv.segments, *([conv.turn.segment] if conv.turn is not None else [])]
         grids = [g for s in segments for g in s.grids]
         return {"frames_received": conv.video.received, "last_at": conv.video.last_at,
-                "seconds_in_context": len(grids), "tokens_in_context": sum(g.tokens for g in grids)}
+                "seconds_in_context": len(grids), "tokens_in_context": sum(g.tokens for g in grids),
+                "window_s": conv.video.window_s}
 
     async def abort_turn(self) -> None:
         """Forget the caller audio pushed since the last answer (a false start)."""
         self._check_open()
         self._buffered.clear()
         if self._conversation is not None:
-            await self.engine.run(self._conversation.abort_turn)
+            await self._run_turn(self._conversation.abort_turn)
 
     async def respond(self) -> AsyncIterator[Event]:
         """End the caller's turn and stream the answer: TextDelta and SpeechFrame events, then one ResponseDone."""
@@ -257,7 +290,7 @@ class Session:
             return answer
 
         try:
-            self._answer = await self.engine.run(start, urgent=True)
+            self._answer = await self._run_turn(start, urgent=True)
         except BaseException:
             self._answering = False
             raise
@@ -288,7 +321,7 @@ class Session:
                     pass
             buffered, self._buffered = self._buffered, []
             for samples, at in buffered:
-                await self.engine.run(conv.add_audio, samples, at)
+                await self._run_turn(conv.add_audio, samples, at)
 
     async def cancel(self, frames_played: int | None = None) -> None:
         """Barge-in: stop the answer within one frame. `frames_played` is how many frames the caller heard (the
@@ -300,7 +333,7 @@ class Session:
             if self._answer is not None:
                 self._answer.interrupt(played)
         elif frames_played is not None and self._conversation is not None and not self.closed:
-            await self.engine.run(self._conversation.trim_last_answer, frames_played)
+            await self._run_turn(self._conversation.trim_last_answer, frames_played)
 
     async def close(self) -> None:
         """End the call: its answer stops, and its slot goes back to the engine."""

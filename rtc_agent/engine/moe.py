@@ -34,19 +34,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import fast_path
+from .int4 import Int4Experts, rows_dot
 from .triton_support import rounded, tl, triton
 
-# Tile sizes per (hidden, intermediate, top_k): from a sweep on the H200 (docs/PERFORMANCE.md); others use DEFAULT.
-# Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps).
+# Tile sizes per (hidden, intermediate, top_k, int4): from a sweep on the H200 (docs/PERFORMANCE.md); others use
+# DEFAULT. Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps); for int4 weights
+# BLOCK_K counts bytes of packed weights (two weights each).
 DEFAULT_TILES = ((8, 256, 4), (4, 256, 4))
-TILES: dict[tuple[int, int, int], tuple[tuple[int, int, int], tuple[int, int, int]]] = {
-    (2048, 768, 8): ((8, 256, 4), (4, 256, 4)),  # Thinker: 35.7 µs per block in a graph (library 111 µs)
-    (1024, 384, 6): ((4, 256, 2), (2, 512, 4)),  # Talker, shared expert included: 20.9 µs (library 112 µs)
+TILES: dict[tuple[int, int, int, bool], tuple[tuple[int, int, int], tuple[int, int, int]]] = {
+    (2048, 768, 8, False): ((8, 256, 4), (4, 256, 4)),  # Thinker: 35.7 µs per block in a graph (library 111 µs)
+    (1024, 384, 6, False): ((4, 256, 2), (2, 512, 4)),  # Talker, shared expert included: 20.9 µs (library 112 µs)
+    (2048, 768, 8, True): ((16, 256, 4), (4, 512, 4)),  # Thinker, int4: 36.8 µs (one row; the best for 8 rows too)
+    (1024, 384, 6, True): ((8, 512, 4), (4, 256, 4)),  # Talker, int4: 22.4 µs (one row)
 }
 
 
 def _is_moe_block(module: nn.Module) -> bool:
-    return hasattr(module, "gate") and hasattr(module, "experts") and hasattr(module.experts, "gate_up_proj")
+    experts = getattr(module, "experts", None)
+    return hasattr(module, "gate") and (hasattr(experts, "gate_up_proj") or isinstance(experts, Int4Experts))
 
 
 def install(model: nn.Module, enabled: bool = True) -> int:
@@ -72,6 +77,8 @@ def _supported(block: nn.Module) -> bool:
     if shared is not None:
         silu = silu and type(shared.act_fn) is type(act) and shared.gate_proj.weight.is_contiguous() \
             and shared.up_proj.weight.is_contiguous() and shared.down_proj.weight.is_contiguous()
+    if isinstance(experts, Int4Experts):  # packed by int4.quantize: contiguous, K multiple of 128
+        return silu and experts.num_experts & (experts.num_experts - 1) == 0
     experts_count = experts.gate_up_proj.shape[0]
     return silu and getattr(experts, "has_gate", True) and not getattr(experts, "has_bias", False) \
         and not getattr(experts, "is_transposed", False) and not getattr(experts, "has_post_expert_norm", False) \
@@ -145,8 +152,18 @@ def experts_triton(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, 
 
 def _launch(experts, x, top_k, logits=None, norm=True, selected=None, weights=None, shared=None, shared_gate=None):
     tokens, hidden = x.shape
-    count, _, inter = experts.down_proj.shape
-    (bn1, bk1, w1), (bn2, bk2, w2) = TILES.get((hidden, inter, top_k), DEFAULT_TILES)
+    quant = isinstance(experts, Int4Experts)
+    if quant:
+        count, inter = experts.num_experts, experts.intermediate_dim
+        gate_up, down = experts.gate_up.packed, experts.down.packed
+        scales = (experts.gate_up.scale, experts.gate_up.offset, experts.down.scale, experts.down.offset)
+        groups = (experts.gate_up.group, experts.down.group)
+    else:
+        count, _, inter = experts.down_proj.shape
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        scales = (gate_up,) * 4  # placeholders, never read
+        groups = (0, 0)
+    (bn1, bk1, w1), (bn2, bk2, w2) = TILES.get((hidden, inter, top_k, quant), DEFAULT_TILES)
     x = x.contiguous()
     pairs = tokens * top_k
     if logits is not None:  # routed inside the gate_up kernel, which leaves ids and weights here for down
@@ -154,23 +171,24 @@ def _launch(experts, x, top_k, logits=None, norm=True, selected=None, weights=No
         routing = torch.empty(pairs, dtype=x.dtype, device=x.device)
     else:
         ids, routing = selected.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
-    gate_up, down = experts.gate_up_proj, experts.down_proj
     if shared is not None:
         s_gate, s_up, s_down = shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight
         s_router, s_inter = shared_gate.weight, s_gate.shape[0]
     else:  # placeholders, never read
-        s_gate = s_up = s_down = s_router = down
+        s_gate = s_up = s_down = s_router = x
         s_inter = inter
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     h_shared = torch.empty(tokens, s_inter, dtype=x.dtype, device=x.device) if shared is not None else h
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     _KERNELS.gate_up[(pairs + (tokens if shared is not None else 0), -(-max(inter, s_inter) // bn1))](
-        x, gate_up, s_gate, s_up, logits if logits is not None else x, ids, routing, h, h_shared, pairs,
-        gate_up.stride(0), H=hidden, I=inter, IS=s_inter, E=count, TOP_K=top_k, ROUTE=logits is not None,
-        NORM=bool(norm), SHARED=shared is not None, BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1)
+        x, gate_up, scales[0], scales[1], s_gate, s_up, logits if logits is not None else x, ids, routing, h,
+        h_shared, pairs, gate_up.stride(0), scales[0].stride(0), H=hidden, I=inter, IS=s_inter, E=count,
+        TOP_K=top_k, ROUTE=logits is not None, NORM=bool(norm), SHARED=shared is not None, QUANT=quant,
+        G_UP=groups[0], BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1)
     _KERNELS.down[(tokens, -(-hidden // bn2))](
-        h, h_shared, down, s_down, s_router, x, ids, routing, out, down.stride(0), H=hidden, I=inter, IS=s_inter,
-        TOP_K=top_k, SHARED=shared is not None, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2)
+        h, h_shared, down, scales[2], scales[3], s_down, s_router, x, ids, routing, out, down.stride(0),
+        scales[2].stride(0), H=hidden, I=inter, IS=s_inter, TOP_K=top_k, SHARED=shared is not None, QUANT=quant,
+        G_DOWN=groups[1], BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2)
     return out
 
 
@@ -200,9 +218,16 @@ if triton is not None:
         return expert, weight
 
     @triton.jit
+    def _silu_times(acc_gate, acc_up, dtype: tl.constexpr):
+        """silu(gate) * up from fp32 dot products, rounded as the library rounds (matmul outputs, silu, product)."""
+        gate = rounded(acc_gate, dtype)
+        act = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+        return rounded(act * rounded(acc_up, dtype), dtype)
+
+    @triton.jit
     def _gate_up_rows(x_row, gate_rows, up_rows, rows, row_ok, dtype: tl.constexpr, H: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """silu(gate) * up for a block of rows, rounded as the library rounds (matmul outputs, silu, product)."""
+        """silu(gate) * up for a block of rows of full-precision weights."""
         acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, H, BLOCK_K):
@@ -214,9 +239,7 @@ if triton is not None:
             wu = tl.load(up_rows + cols[None, :], mask=ok, other=0.0).to(tl.float32)
             acc_gate += tl.sum(wg * xv[None, :], axis=1)
             acc_up += tl.sum(wu * xv[None, :], axis=1)
-        gate = rounded(acc_gate, dtype)
-        act = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
-        return rounded(act * rounded(acc_up, dtype), dtype)
+        return _silu_times(acc_gate, acc_up, dtype)
 
     @triton.jit
     def _rows_dot(w_rows, v_row, row_ok, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -231,9 +254,10 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def gate_up_kernel(x_ptr, w_ptr, s_gate_ptr, s_up_ptr, logits_ptr, ids_ptr, routing_ptr, h_ptr, hs_ptr, pairs,
-                       stride_we, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, E: tl.constexpr,
-                       TOP_K: tl.constexpr, ROUTE: tl.constexpr, NORM: tl.constexpr, SHARED: tl.constexpr,
+    def gate_up_kernel(x_ptr, w_ptr, scale_ptr, offset_ptr, s_gate_ptr, s_up_ptr, logits_ptr, ids_ptr, routing_ptr,
+                       h_ptr, hs_ptr, pairs, stride_we, stride_se, H: tl.constexpr, I: tl.constexpr,
+                       IS: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr, ROUTE: tl.constexpr,
+                       NORM: tl.constexpr, SHARED: tl.constexpr, QUANT: tl.constexpr, G_UP: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pair = tl.program_id(0)  # token * TOP_K + slot for routed experts; pairs + token for the shared expert
         block = tl.program_id(1)
@@ -250,9 +274,18 @@ if triton is not None:
                 expert = tl.load(ids_ptr + pair)
             if block * BLOCK_N < I:
                 row_ok = rows < I
-                gate_rows = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * H
-                h = _gate_up_rows(x_ptr + token.to(tl.int64) * H, gate_rows, gate_rows + I * H, rows, row_ok,
-                                  dtype, H, BLOCK_N, BLOCK_K)
+                x_row = x_ptr + token.to(tl.int64) * H
+                if QUANT:  # int4.py's packed rows: H/2 bytes and H/128 scales and offsets a row
+                    q_rows = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * (H // 2)
+                    s_rows = scale_ptr + expert.to(tl.int64) * stride_se + rows * (H // G_UP)
+                    o_rows = offset_ptr + expert.to(tl.int64) * stride_se + rows * (H // G_UP)
+                    acc_gate = rows_dot(q_rows, s_rows, o_rows, x_row, row_ok, H, G_UP, BLOCK_N, BLOCK_K)
+                    acc_up = rows_dot(q_rows + I * (H // 2), s_rows + I * (H // G_UP), o_rows + I * (H // G_UP),
+                                      x_row, row_ok, H, G_UP, BLOCK_N, BLOCK_K)
+                    h = _silu_times(acc_gate, acc_up, dtype)
+                else:
+                    gate_rows = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * H
+                    h = _gate_up_rows(x_row, gate_rows, gate_rows + I * H, rows, row_ok, dtype, H, BLOCK_N, BLOCK_K)
                 tl.store(h_ptr + pair.to(tl.int64) * I + rows, h.to(dtype), mask=row_ok)
         elif SHARED:
             token = pair - pairs
@@ -264,8 +297,9 @@ if triton is not None:
                 tl.store(hs_ptr + token.to(tl.int64) * IS + rows, h.to(dtype), mask=row_ok)
 
     @triton.jit
-    def down_kernel(h_ptr, hs_ptr, w_ptr, s_down_ptr, s_router_ptr, x_ptr, ids_ptr, routing_ptr, out_ptr, stride_we,
-                    H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr,
+    def down_kernel(h_ptr, hs_ptr, w_ptr, scale_ptr, offset_ptr, s_down_ptr, s_router_ptr, x_ptr, ids_ptr, routing_ptr,
+                    out_ptr, stride_we, stride_se, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
+                    TOP_K: tl.constexpr, SHARED: tl.constexpr, QUANT: tl.constexpr, G_DOWN: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         token = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -276,8 +310,15 @@ if triton is not None:
             pair = token * TOP_K + slot
             expert = tl.load(ids_ptr + pair).to(tl.int64)
             scale = tl.load(routing_ptr + pair).to(tl.float32)
-            w_rows = w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * I
-            acc = _rows_dot(w_rows, h_ptr + pair.to(tl.int64) * I, row_ok, I, BLOCK_N, BLOCK_K)
+            h_row = h_ptr + pair.to(tl.int64) * I
+            if QUANT:
+                acc = rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * (I // 2),
+                               scale_ptr + expert * stride_se + rows * (I // G_DOWN),
+                               offset_ptr + expert * stride_se + rows * (I // G_DOWN), h_row, row_ok, I, G_DOWN,
+                               BLOCK_N, BLOCK_K)
+            else:
+                acc = _rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * I, h_row, row_ok, I,
+                                BLOCK_N, BLOCK_K)
             total += rounded(rounded(acc, dtype) * scale, dtype)
         result = rounded(total, dtype)
         if SHARED:  # out = routed + sigmoid(x . shared_gate) * shared_down(h_shared), as the Talker's block does

@@ -20,6 +20,7 @@ class EngineOptions:
     model: str = "tiny"  # tiny | synthetic:30b-a3b | path to a local checkpoint
     device: str = "auto"
     dtype: str = "auto"
+    quantize: str = "none"  # none | int4 | auto: weight-only INT4 of the experts and attention (int4.py)
     text_only: bool = False  # no Talker or Code2Wav: not even loaded
     streaming: bool = True  # False: the whole answer is made, then its text and audio come out at once
     prefill_chunk_s: float = 1.0  # encode and prefill the caller's audio every this many seconds; 0: at turn end
@@ -36,6 +37,7 @@ class EngineOptions:
     fast_rotary: bool = True  # q/k norm, rotary and cache write of graphed steps in one kernel (rotary.py)
     fast_sampling: bool = True  # the Talker's and code predictor's draws in one kernel (sampling.py; CUDA)
     overlap: bool = True  # the Thinker's next token on a side stream while a frame is made (CUDA graphs only)
+    gpu_memory_fraction: float = 1.0  # the most of the GPU's memory this process may take (set before the weights)
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):
@@ -46,10 +48,14 @@ class EngineOptions:
             raise ValueError("video_window_s must be 0 (no video) to 600 seconds")
         if self.video_still_threshold < 0:
             raise ValueError("video_still_threshold must be >= 0 (0: keep every second of video)")
+        if self.quantize not in ("none", "int4", "auto"):
+            raise ValueError(f"quantize must be none, int4 or auto, not {self.quantize!r}")
         if self.max_sessions < 0:
             raise ValueError("max_sessions must be >= 0 (0: as many as fit)")
         if self.max_answer_tokens < 1 or self.max_frames < 1:
             raise ValueError("max_answer_tokens and max_frames must be >= 1")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError("gpu_memory_fraction must be above 0 and at most 1")
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class SessionOptions:
     predictor_sampling: Sampling = PREDICTOR_SAMPLING
     max_answer_tokens: int | None = None  # None: the engine's
     max_frames: int | None = None
+    speech: bool = True  # False: answers are text only (the Talker sits them out); no effect on a text-only engine
 
     def __post_init__(self) -> None:
         if self.voice not in VOICES:

@@ -21,6 +21,7 @@ from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
 from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
 from .kv_cache import StaticKVCache
+from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_noise
 from .stack import run_stack
 from .talker import Talker, TalkerRow
@@ -55,13 +56,26 @@ def _cache_bytes(config, positions: int, dtype: torch.dtype) -> int:
 
 def slot_bytes(core) -> int:
     """Bytes of one slot's KV caches: Thinker, Talker, code predictor, Code2Wav."""
-    config, options = core.model.config, core.options
-    total = _cache_bytes(config.thinker_config.text_config, options.context_tokens, core.dtype)
-    if core.speech:
+    return _slot_bytes(core.model.config, core.options, core.dtype, core.speech)
+
+
+def estimated_slot_bytes(options) -> float:
+    """What one slot takes on the GPU (its caches and their overhead) for the released model in bf16, before any
+    model is loaded: for `quantize="auto"`."""
+    from transformers import Qwen3OmniMoeConfig
+
+    from .tiny import released_config_dict
+    config = Qwen3OmniMoeConfig(**released_config_dict())
+    return _slot_bytes(config, options, torch.bfloat16, not options.text_only) * SLOT_OVERHEAD
+
+
+def _slot_bytes(config, options, dtype: torch.dtype, speech: bool) -> int:
+    total = _cache_bytes(config.thinker_config.text_config, options.context_tokens, dtype)
+    if speech:
         talker = config.talker_config
-        total += _cache_bytes(talker.text_config, options.context_tokens + options.max_frames + 16, core.dtype)
-        total += _cache_bytes(talker.code_predictor_config, talker.num_code_groups + 1, core.dtype)
-        total += _cache_bytes(config.code2wav_config, options.max_frames + 1, core.dtype)
+        total += _cache_bytes(talker.text_config, options.context_tokens + options.max_frames + 16, dtype)
+        total += _cache_bytes(talker.code_predictor_config, talker.num_code_groups + 1, dtype)
+        total += _cache_bytes(config.code2wav_config, options.max_frames + 1, dtype)
     return total
 
 
@@ -72,12 +86,13 @@ def slot_count(core, requested: int) -> int:
         return requested
     if core.device.type != "cuda":
         return DEFAULT_CPU_SLOTS
-    free, total = torch.cuda.mem_get_info(core.device)
+    free, total = free_bytes(core.device)
     per_slot = int(slot_bytes(core) * SLOT_OVERHEAD)
     count = max(1, min(MAX_AUTO_SLOTS, (free - GPU_RESERVE_BYTES) // per_slot))
-    log.info("session slots: %.1f GB free of %.1f GB after the weights, minus %.1f GB reserve, / %.2f GB a slot "
-             "(%.2f GB of KV caches x %.1f) = %d slots (at most %d)", free / 1e9, total / 1e9,
-             GPU_RESERVE_BYTES / 1e9, per_slot / 1e9, slot_bytes(core) / 1e9, SLOT_OVERHEAD, count, MAX_AUTO_SLOTS)
+    log.info("session slots: %d (at most %d). After the weights %.1f GB of %.1f GB are free; %.1f GB stay in "
+             "reserve for prefills; a slot takes %.2f GB (%.2f GB of KV caches x %.1f for its graphs and buffers)",
+             count, MAX_AUTO_SLOTS, free / 1e9, total / 1e9, GPU_RESERVE_BYTES / 1e9, per_slot / 1e9,
+             slot_bytes(core) / 1e9, SLOT_OVERHEAD)
     return int(count)
 
 

@@ -15,19 +15,26 @@ def fill_random(model: nn.Module, seed: int, scale: float) -> None:
     """Fill every parameter in place: norms 1, biases 0, layer scales small, matrices uniform in ±scale."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     for name, param in model.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "gamma":  # ConvNeXt layer scale
-            param.fill_(1e-6)
-        elif "layer_scale" in name or "scale" == leaf:
-            param.fill_(0.01)
-        elif leaf in ("alpha", "beta"):  # SnakeBeta, stored as logs
-            param.zero_()
-        elif leaf == "bias":
-            param.zero_()
-        elif param.ndim == 1:  # RMSNorm / LayerNorm weights
-            param.fill_(1.0)
-        else:
-            _uniform_(param, scale, generator)
+        fill_parameter(name, param, scale, generator)
+
+
+@torch.no_grad()
+def fill_parameter(name: str, param: torch.Tensor, scale: float, generator: torch.Generator) -> None:
+    """`fill_random`'s value for one parameter; called in `named_parameters` order with one generator, it gives the
+    same model."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "gamma":  # ConvNeXt layer scale
+        param.fill_(1e-6)
+    elif "layer_scale" in name or "scale" == leaf:
+        param.fill_(0.01)
+    elif leaf in ("alpha", "beta"):  # SnakeBeta, stored as logs
+        param.zero_()
+    elif leaf == "bias":
+        param.zero_()
+    elif param.ndim == 1:  # RMSNorm / LayerNorm weights
+        param.fill_(1.0)
+    else:
+        _uniform_(param, scale, generator)
 
 
 def _uniform_(param: torch.Tensor, scale: float, generator: torch.Generator) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .answer import Answer
+from .memory import EngineOutOfMemory
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ class Worker:
             self._step(self._answers)
         except Exception as exc:  # noqa: BLE001  (every answer of the failed step ends with the error)
             log.exception("an engine step failed")
+            if isinstance(exc, torch.OutOfMemoryError):  # the answers are cut; their calls go on
+                exc = EngineOutOfMemory("the GPU ran out of memory while making the answer; it was cut (the call "
+                                        "goes on)")
             for answer in self._answers:
                 if not answer.done:
                     answer.emit(exc)
@@ -116,6 +120,10 @@ class Worker:
                         answer.finish()
                     except Exception:  # noqa: BLE001
                         answer.done = True
+                        try:  # its caches may hold half an answer: prefill them again from what is kept
+                            answer.conversation.recover()
+                        except Exception:  # noqa: BLE001
+                            log.exception("a failed answer's context could not be restored")
         running = []
         for answer in self._answers:
             if not answer.done:

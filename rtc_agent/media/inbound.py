@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import av
 import numpy as np
@@ -20,22 +20,29 @@ class InOrderAudioBuffer(JitterBuffer):
 
     An Opus RTP packet is always a whole frame, so waiting for later packets (aiortc waits for 4: 80 ms on
     20 ms packets, 320 ms on 80 ms packets) only adds delay. Packets older than the last one handed on arrive
-    too late to play and are dropped; the decoder sees that as a loss.
+    too late to play and are dropped (a reordered or duplicated packet): the decoder sees that as a loss.
+    `on_packet(kept)` hears of every packet that arrived: kept (handed on) or dropped here. Packets the network
+    lost never arrive, so they are not counted here (the receiver's RTP statistics count them).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_packet: Callable[[bool], None] | None = None) -> None:
         super().__init__(capacity=16)
         self._last: int | None = None
+        self._on_packet = on_packet
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
-        if self._last is not None and not uint16_gt(packet.sequence_number, self._last):
+        kept = self._last is None or uint16_gt(packet.sequence_number, self._last)
+        if self._on_packet is not None:
+            self._on_packet(kept)
+        if not kept:
             return False, None
         self._last = packet.sequence_number
         return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
 
 
-def use_low_latency_audio(pc: RTCPeerConnection) -> None:
-    """Gives every audio receiver of `pc` an InOrderAudioBuffer (aiortc keeps its buffer in a private attribute).
+def use_low_latency_audio(pc: RTCPeerConnection, on_packet: Callable[[bool], None] | None = None) -> None:
+    """Gives every audio receiver of `pc` an InOrderAudioBuffer (aiortc keeps its buffer in a private attribute),
+    which tells `on_packet` of each packet that arrived (InOrderAudioBuffer).
 
     Call it before media flows: after setRemoteDescription on the answering side, after addTransceiver on the
     offering side.
@@ -43,7 +50,7 @@ def use_low_latency_audio(pc: RTCPeerConnection) -> None:
     attr = "_RTCRtpReceiver__jitter_buffer"
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "audio" and hasattr(transceiver.receiver, attr):
-            setattr(transceiver.receiver, attr, InOrderAudioBuffer())
+            setattr(transceiver.receiver, attr, InOrderAudioBuffer(on_packet))
 
 
 class Downmixer:

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -20,6 +20,7 @@ from . import tls
 from .errors import ApiError
 from .guard import api_guard
 from .limits import Runner, rate_limit_logging
+from .memory_guard import MemoryGuard
 from .metrics import Metrics
 from .protocol import turn_description
 from .realtime_http import add_realtime_routes, realtime_middleware
@@ -30,15 +31,20 @@ from .turn import turn_ice_servers
 
 log = logging.getLogger("rtc_agent.server")
 LOADER = web.AppKey("rtc_agent_loader", asyncio.Task)
+GUARD = web.AppKey("rtc_agent_memory_guard", asyncio.Task)
 QUIET_PATHS = ("/metrics", "/healthz", "/readyz", "/capacity")
 DRAIN_POLL_S = 0.5
 
 
-def create_app(settings: Settings, engine: Any = None) -> web.Application:
-    """The server; it loads the engine in the background unless one is given (tests share a loaded one)."""
+def create_app(settings: Settings, engine: Any = None, memory: Callable[[], Any] | None = None) -> web.Application:
+    """The server; it loads the engine in the background unless one is given (tests share a loaded one).
+    `memory`: reads the GPU's memory for the memory guard (default: the engine's `memory()`; a test may give a
+    reader that reports a chosen fill level)."""
     use_host_addresses(settings.ice_host_addresses)
     metrics = Metrics()
     state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine)
+    read = memory or (lambda: state.engine.memory() if state.engine is not None else None)
+    state.guard = MemoryGuard(read, settings.memory_guard_pct, settings.video_window_s, metrics)
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_guard, realtime_middleware])
     app[STATE] = state
     app.router.add_post("/api/offer", offer)
@@ -63,7 +69,9 @@ def create_app(settings: Settings, engine: Any = None) -> web.Application:
 
 # ---- engine lifetime ------------------------------------------------------------------------------------------
 async def _start_engine(app: web.Application) -> None:
-    app[LOADER] = asyncio.create_task(_load_engine(app[STATE]), name="engine-loader")
+    state = app[STATE]
+    app[LOADER] = asyncio.create_task(_load_engine(state), name="engine-loader")
+    app[GUARD] = asyncio.create_task(state.guard.run(state.sessions.calls), name="memory-guard")
 
 
 async def _load_engine(state: ServerState) -> None:
@@ -76,18 +84,21 @@ async def _load_engine(state: ServerState) -> None:
             from ..engine import Engine, EngineOptions
 
             log.info("loading model %s (device %s)...", s.model, s.device)
-            state.engine = await asyncio.to_thread(Engine.load, EngineOptions(model=s.model, device=s.device,
-                                                                                   video_window_s=s.video_window_s,
-                                                                                   max_sessions=s.max_sessions))
+            options = EngineOptions(model=s.model, device=s.device, quantize=s.quantize,
+                                    video_window_s=s.video_window_s, max_sessions=s.max_sessions,
+                                    text_only=s.no_talker, streaming=not s.no_audio_stream,
+                                    gpu_memory_fraction=s.gpu_memory_fraction)
+            state.engine = await asyncio.to_thread(Engine.load, options)
         slots = state.engine.describe()["max_sessions"]
         state.sessions.max_sessions = min(s.max_sessions, slots) if s.max_sessions else slots
-        state.metrics.watch_gpu(state.engine.gpu_peak_gb)
         if not state.engine.ready:
             log.info("warming up...")
             await state.engine.warmup()
         state.loaded = True
         state.metrics.ready.set(1)
         log.info("ready: %s", state.engine.describe())
+        if not state.engine.describe().get("speech", True):
+            log.info("text mode: no Talker, answers are text (response.output_text.delta on the data channel)")
     except Exception as exc:
         state.load_error = f"{type(exc).__name__}: {exc}"
         log.exception("the model could not be loaded")
@@ -99,10 +110,11 @@ async def _end_calls(app: web.Application) -> None:
 
 
 async def _stop_engine(app: web.Application) -> None:
-    loader = app[LOADER]
-    if not loader.done():
-        loader.cancel()
-    await asyncio.gather(loader, return_exceptions=True)
+    tasks = (app[LOADER], app[GUARD])
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # ---- small handlers -----------------------------------------------------------------------------------------
@@ -131,21 +143,29 @@ async def capacity(request: web.Request) -> web.Response:
     state = request.app[STATE]
     counts = {"active": len(state.sessions), "free": max(0, state.sessions.free),
               "max_sessions": state.sessions.max_sessions}
+    state.guard.check()
     if state.can_take_call:
         return web.json_response({"status": "available", **counts})
+    if state.ready and state.draining:
+        return web.json_response({"status": "draining", **counts}, status=404)
     if state.ready:
-        return web.json_response({"status": "draining" if state.draining else "full", **counts}, status=404)
+        reason = "memory" if state.memory_full else "slots"
+        return web.json_response({"status": "full", "reason": reason, **counts}, status=404)
     return web.json_response({"status": "failed" if state.load_error else "loading", **counts}, status=503)
 
 
 async def metrics_page(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
+    state = request.app[STATE]
+    state.guard.check()  # the memory gauges as of this scrape
+    body = state.metrics.render()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def client_config(request: web.Request) -> web.Response:
     """What a page needs before its offer: ICE servers (TURN with credentials of its own), voices, defaults."""
-    s = request.app[STATE].settings
+    state = request.app[STATE]
+    s = state.settings
+    text_only = not state.engine.describe()["speech"] if state.engine is not None else s.no_talker
     return web.json_response({
         "ice_servers": browser_ice_servers(s.ice_servers) + turn_ice_servers(s),
         "voices": list(VOICES),
@@ -155,6 +175,7 @@ async def client_config(request: web.Request) -> web.Response:
         "model": s.model,
         "token_required": bool(s.token),
         "video": {"fps": s.video_fps, "max_side": s.video_max_side},
+        "output_modalities": ["text"] if text_only else ["audio"],  # the page shows text mode
     })
 
 

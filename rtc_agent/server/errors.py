@@ -17,10 +17,13 @@ class ProtocolError(Exception):
 class ApiError(Exception):
     """An HTTP answer with the contract's JSON error body `{"error": {"code", "message"}}`."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+        self.reason = reason  # server_full: "slots" (every call slot taken) or "memory" (the memory guard)
 
     def response(self) -> web.Response:
-        body = {"error": {"code": self.code, "message": self.message}}
+        body = {"error": {"code": self.code, "message": self.message,
+                          **({"reason": self.reason} if self.reason else {})}}
         return web.json_response(body, status=self.status, headers=self.headers)

@@ -1,7 +1,7 @@
 """Prometheus metrics, in a registry of the app's own (several apps can live in one test process)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -18,9 +18,26 @@ class Metrics:
         self.end_of_turn_wait_ms = Histogram(
             "rtc_agent_end_of_turn_wait_ms", "Silence after the caller's speech before the turn was ended, by the "
             "turn detection that ended it", ["type"], buckets=LATENCY_BUCKETS_MS, registry=r)
-        self.gpu_peak_gb = Gauge("gpu_memory_peak_gb", "Peak GPU memory of the engine (0 on CPU)", registry=r)
+        # GPU memory, read live (engine/memory.py says what counts); all three are 0 without a GPU
+        self.gpu_used_gb = Gauge("gpu_memory_used_gb", "GPU memory in use: the engine's tensors plus what is used "
+                                 "outside PyTorch's allocator (0: no GPU)", registry=r)
+        self.gpu_total_gb = Gauge("gpu_memory_total_gb", "GPU memory this process may use: the GPU's, times "
+                                  "--gpu-memory-fraction (0: no GPU)", registry=r)
+        self.gpu_peak_gb = Gauge("gpu_memory_peak_gb", "Peak GPU memory of the engine's tensors (0: no GPU)",
+                                 registry=r)
+        self.memory_guard = Gauge("rtc_agent_memory_guard_active", "1 while GPU memory use is above "
+                                  "--memory-guard-pct (no new calls)", registry=r)
         self.drop_ratio = Gauge("drop_audio_frame_ratio",
-                                "Answer frames not sent in time / answer frames made", registry=r)
+                                "Answer frames not sent in time (sent after a silence packet filled their 80 ms slot: "
+                                "the engine was slower than real time) / answer frames made; the network does not "
+                                "enter it", registry=r)
+        self.input_packets = Counter("rtc_agent_input_audio_packets",
+                                     "Caller audio packets that arrived, by what the server did with them: kept "
+                                     "(decoded) or dropped (arrived after a newer one: reordered or duplicated)",
+                                     ["outcome"], registry=r)
+        self.input_drop_ratio = Gauge("rtc_agent_input_audio_drop_ratio",
+                                      "Caller audio packets the server dropped / caller audio packets that arrived "
+                                      "(packets the network lost never arrive and are not in it)", registry=r)
         self.active_sessions = Gauge("rtc_agent_active_sessions", "Calls in progress", registry=r)
         self.sessions = Counter("rtc_agent_sessions", "Calls started", registry=r)
         self.rejected = Counter("rtc_agent_offers_rejected", "Offers refused", ["reason"], registry=r)
@@ -36,9 +53,13 @@ class Metrics:
                                             "Caller video frames kept for the model (video_fps a second)", registry=r)
         self.ready = Gauge("rtc_agent_ready", "1 once the model is loaded and warmed up", registry=r)
         self._made = self._late = 0
+        self._input_arrived = self._input_dropped = 0
 
-    def watch_gpu(self, peak_gb: Callable[[], float | None]) -> None:
-        self.gpu_peak_gb.set_function(lambda: peak_gb() or 0.0)
+    def show_memory(self, use: Any) -> None:
+        """A memory reading (engine MemoryUse, or None: no GPU) into the gauges."""
+        for gauge, value in ((self.gpu_used_gb, use and use.used_bytes), (self.gpu_total_gb, use and use.total_bytes),
+                             (self.gpu_peak_gb, use and use.peak_bytes)):
+            gauge.set((value or 0) / 1e9)
 
     def answer(self, m: dict[str, Any]) -> None:
         """One answer's metrics, as in response.done."""
@@ -59,6 +80,13 @@ class Metrics:
         for name, value in m.get("engine", {}).items():
             if name.endswith("_ms") and isinstance(value, (int, float)):
                 self.engine_ms.labels(name).observe(value)
+
+    def input_audio_packet(self, kept: bool) -> None:
+        """One caller audio packet arrived at a call's receiver (media.inbound.InOrderAudioBuffer)."""
+        self.input_packets.labels("kept" if kept else "dropped").inc()
+        self._input_arrived += 1
+        self._input_dropped += not kept
+        self.input_drop_ratio.set(self._input_dropped / self._input_arrived)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -31,6 +31,7 @@ class SessionUpdate:
     voice: str | None
     instructions: str | None
     turn: TurnSettings | None  # None: unchanged
+    text_only: bool | None = None  # output_modalities ["text"]: True, ["audio"]: False; None: unchanged
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,18 @@ def text_value(value: Any, name: str, max_chars: int) -> str:
     except UnicodeEncodeError:
         raise ProtocolError("invalid_value", f"{name} holds a lone surrogate: it is not valid Unicode text") from None
     return value
+
+
+def output_modalities(text_only: bool) -> list[str]:
+    """The Realtime API's name for what an answer is: audio (with its transcript) or text."""
+    return ["text"] if text_only else ["audio"]
+
+
+def _text_only(value: Any) -> bool:
+    if value not in (["text"], ["audio"]):
+        raise ProtocolError("invalid_value", 'output_modalities must be ["audio"] (spoken answers, with their '
+                                             'transcript) or ["text"] (written answers)')
+    return value == ["text"]
 
 
 def _instructions(value: Any) -> str | None:
@@ -155,13 +168,14 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
         session = msg.get("session")
         if not isinstance(session, dict):
             raise ProtocolError("invalid_value", 'session.update needs a "session" object')
-        unknown = set(session) - {"voice", "instructions", "turn_detection"}
+        unknown = set(session) - {"voice", "instructions", "turn_detection", "output_modalities"}
         if unknown:
             raise ProtocolError("unknown_parameter", f"session.{sorted(unknown)[0]} cannot be updated")
         return SessionUpdate(
             voice=_voice(session.get("voice")),
             instructions=_instructions(session.get("instructions")),
             turn=_turn(session["turn_detection"], turn) if "turn_detection" in session else None,
+            text_only=_text_only(session["output_modalities"]) if "output_modalities" in session else None,
         )
     if kind == "input_audio_buffer.commit":
         return Commit()

@@ -23,7 +23,7 @@ from ..conversation import Conversation, ConversationError
 from ..media.outbound import PACKET_S
 from ..media.pcm import PCM_RATE
 from . import json_input
-from .protocol import ProtocolError, SessionUpdate, parse_client_message, turn_description
+from .protocol import ProtocolError, SessionUpdate, output_modalities, parse_client_message, turn_description
 
 Transport = Literal["webrtc", "websocket"]
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # an append of ~2.5 minutes of audio
@@ -31,7 +31,6 @@ MAX_TEXT_CHARS = 8000
 PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
 # session fields a client may send with the one value this server has (sent by SDKs with their defaults)
 FIXED = {
-    "output_modalities": (["audio"],),
     "tool_choice": ("auto", "none"),
     "tools": ([],),
     "max_output_tokens": ("inf",),
@@ -97,6 +96,10 @@ def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
             ours["instructions"] = value
         elif key == "audio":
             ours.update(_audio(value, param))
+        elif key == "output_modalities":
+            if value not in (["audio"], ["text"]):
+                raise _unsupported(param, f'{json.dumps(value)[:80]} (["audio"] or ["text"] is)')
+            ours["output_modalities"] = value
         elif key in FIXED:
             if value not in FIXED[key]:
                 raise _unsupported(param, json.dumps(value)[:80])
@@ -137,15 +140,16 @@ def _audio(audio: Any, param: str) -> dict[str, Any]:
     return ours
 
 
-def session_object(session_id: str, model: Any, voice: str, instructions: str, turn: TurnSettings) -> dict[str, Any]:
+def session_object(session_id: str, model: Any, voice: str, instructions: str, turn: TurnSettings,
+                   text_only: bool = False) -> dict[str, Any]:
     """The GA session object of session.created / session.updated and of a client secret."""
     detection = turn_description(turn)
     if detection is not None:
         detection = {**detection, "create_response": True, "interrupt_response": True, "idle_timeout_ms": None}
     return {
         "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
-        "output_modalities": ["audio"], "instructions": instructions, "tools": [], "tool_choice": "auto",
-        "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
+        "output_modalities": output_modalities(text_only), "instructions": instructions, "tools": [],
+        "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
         "audio": {
             "input": {"format": PCM_FORMAT, "transcription": None, "noise_reduction": None,
                       "turn_detection": detection},
@@ -159,7 +163,8 @@ class _Response:
     id: str
     item_id: str
     previous_item_id: str | None
-    transcript: str = ""
+    text_only: bool = False  # a written answer: output_text, not output_audio
+    transcript: str = ""  # its text (the audio's transcript, or the written text)
     audio_started: bool = False
     cancel_reason: str = "turn_detected"
 
@@ -200,12 +205,13 @@ class RealtimeEvents:
         self.emit("session.created", session=self.description())
 
     def description(self) -> dict[str, Any]:
-        return session_object(self.session_id, self.model, self.voice, self.instructions, self.conversation.turn)
+        return session_object(self.session_id, self.model, self.voice, self.instructions, self.conversation.turn,
+                              self.conversation.text_only)
 
     def apply(self, update: SessionUpdate) -> None:
         """A parsed session update (ProtocolError when the conversation refuses a value)."""
         try:
-            self.conversation.update(update.voice, update.instructions, update.turn)
+            self.conversation.update(update.voice, update.instructions, update.turn, update.text_only)
         except ValueError as exc:
             raise ProtocolError("invalid_value", str(exc)) from None
         self.voice = update.voice or self.voice
@@ -236,8 +242,8 @@ class RealtimeEvents:
             self._user_item = None
             self.emit(kind)
         elif kind == "response.created":
-            self._response_created(event["response"]["id"])
-        elif kind == "response.output_audio_transcript.delta":
+            self._response_created(event["response"]["id"], event["response"]["output_modalities"] == ["text"])
+        elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
             r = self._responses.get(event["response_id"])
             if r is not None:
                 r.transcript += event["delta"]
@@ -245,6 +251,8 @@ class RealtimeEvents:
                           delta=event["delta"])
         elif kind == "response.done":
             self._response_done(event["response"])
+        elif kind == "response.output_text.done":
+            pass  # said by _response_done, in its place among the response's closing events
         elif kind == "conversation.state":
             r = self._response
             if event["state"] == "speaking" and r is not None and self.transport == "webrtc":
@@ -263,18 +271,24 @@ class RealtimeEvents:
         self._last_item = item["id"]
 
     def _item(self, r: _Response, status: str) -> dict[str, Any]:
+        content = {"type": "output_text", "text": r.transcript} if r.text_only else \
+            {"type": "output_audio", "transcript": r.transcript}
         return {"id": r.item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
-                "content": [{"type": "output_audio", "transcript": r.transcript}] if status != "in_progress" else []}
+                "content": [content] if status != "in_progress" else []}
+
+    @staticmethod
+    def _part(r: _Response) -> dict[str, Any]:
+        return {"type": "text", "text": r.transcript} if r.text_only else {"type": "audio", "transcript": r.transcript}
 
     def _response_object(self, r: _Response, status: str, **more: Any) -> dict[str, Any]:
         return {"id": r.id, "object": "realtime.response", "status": status, "status_details": None,
-                "conversation_id": f"conv_{self.session_id}", "output_modalities": ["audio"],
+                "conversation_id": f"conv_{self.session_id}", "output_modalities": output_modalities(r.text_only),
                 "max_output_tokens": "inf", "audio": {"output": {"format": PCM_FORMAT, "voice": self.voice}},
                 "usage": None, "metadata": None, **more}
 
-    def _response_created(self, response_id: str) -> None:
+    def _response_created(self, response_id: str, text_only: bool) -> None:
         r = self._response = self._responses[response_id] = _Response(response_id, self._new_id("item"),
-                                                                      self._last_item)
+                                                                      self._last_item, text_only)
         self._last_answer = r.item_id
         self.emit("response.created", response=self._response_object(r, "in_progress", output=[]))
         item = self._item(r, "in_progress")
@@ -282,7 +296,7 @@ class RealtimeEvents:
         self.emit("conversation.item.added", previous_item_id=r.previous_item_id, item=item)
         self._last_item = r.item_id
         self.emit("response.content_part.added", response_id=r.id, item_id=r.item_id, output_index=0,
-                  content_index=0, part={"type": "audio", "transcript": ""})
+                  content_index=0, part=self._part(r))
 
     def _response_done(self, done: dict[str, Any]) -> None:
         r = self._responses.pop(done["id"], None)
@@ -291,10 +305,13 @@ class RealtimeEvents:
         if self._response is r:
             self._response = None
         where = {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
-        if self.transport == "websocket":
-            self.emit("response.output_audio.done", **where)
-        self.emit("response.output_audio_transcript.done", **where, transcript=r.transcript)
-        self.emit("response.content_part.done", **where, part={"type": "audio", "transcript": r.transcript})
+        if r.text_only:
+            self.emit("response.output_text.done", **where, text=r.transcript)
+        else:
+            if self.transport == "websocket":
+                self.emit("response.output_audio.done", **where)
+            self.emit("response.output_audio_transcript.done", **where, transcript=r.transcript)
+        self.emit("response.content_part.done", **where, part=self._part(r))
         status = done["status"]
         item = self._item(r, "completed" if status == "completed" else "incomplete")
         self.emit("response.output_item.done", response_id=r.id, output_index=0, item=item)

@@ -82,9 +82,10 @@ def add_realtime_routes(app: web.Application) -> None:
 
 
 def _error(status: int, code: str, message: str, param: str | None = None,
-           headers: dict[str, str] | None = None) -> web.Response:
+           headers: dict[str, str] | None = None, reason: str | None = None) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "code": code, "param": param}}
+    body = {"error": {"message": message, "type": kind, "code": code, "param": param,
+                      **({"reason": reason} if reason else {})}}
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -109,7 +110,7 @@ async def realtime_middleware(request: web.Request, handler: Callable[[web.Reque
         try:
             response = await handler(request)
         except ApiError as exc:
-            response = _error(exc.status, exc.code, exc.message, headers=exc.headers)
+            response = _error(exc.status, exc.code, exc.message, headers=exc.headers, reason=exc.reason)
         except RealtimeError as exc:
             response = _error(400, exc.code, exc.message, exc.param)
         except ProtocolError as exc:
@@ -177,7 +178,8 @@ async def create_client_secret(request: web.Request) -> web.Response:
     session = session_object("sess_" + secrets.token_urlsafe(9), state.engine.describe().get("model") if state.ready
                              else s.model, (update and update.voice) or s.voice,
                              update.instructions if update and update.instructions is not None else s.instructions,
-                             (update and update.turn) or s.turn)
+                             (update and update.turn) or s.turn,
+                             update.text_only if update and update.text_only is not None else s.no_talker)
     return web.json_response({"value": value, "expires_at": secret.expires_at, "session": session})
 
 
@@ -252,9 +254,10 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             state.vads.release(vad)
             await engine_session.close()
             raise
-        socket = RealtimeSocket(ws, s, engine_session, vad, state.metrics, state.engine.describe().get("model"),
-                                s.voice, s.instructions, on_closed=functools.partial(call_ended, state, vad),
-                                end_of_turn=end_of_turn)
+        describe = state.engine.describe()
+        socket = RealtimeSocket(ws, s, engine_session, vad, state.metrics, describe.get("model"), s.voice,
+                                s.instructions, on_closed=functools.partial(call_ended, state, vad),
+                                end_of_turn=end_of_turn, speech=bool(describe.get("speech", True)))
         if update is not None:  # checked when the secret was minted
             socket.realtime.apply(update)
     finally:

@@ -27,7 +27,8 @@ CHUNKS_PER_YIELD = 32  # ~1 s of audio through the turn detector (~10 ms of CPU)
 class RealtimeSocket:
     def __init__(self, ws: web.WebSocketResponse, settings: Settings, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, model: Any, voice: str, instructions: str,
-                 on_closed: Callable[["RealtimeSocket"], None], end_of_turn: EndOfTurnScorer | None = None) -> None:
+                 on_closed: Callable[["RealtimeSocket"], None], end_of_turn: EndOfTurnScorer | None = None,
+                 speech: bool = True) -> None:
         self.id = "sess_" + secrets.token_urlsafe(9)
         self.ws = ws
         self.started_at = time.monotonic()
@@ -39,7 +40,8 @@ class RealtimeSocket:
         self.realtime = RealtimeEvents(self._send, "websocket", self.id, model, voice, instructions)
         self.output = PacedPcmOutput(self.realtime.audio_frame)
         self.conversation = Conversation(engine_session, self.output, self.realtime.conversation_event, vad,
-                                         settings.turn, on_answer=self._answered, end_of_turn=end_of_turn)
+                                         settings.turn, on_answer=self._answered, end_of_turn=end_of_turn,
+                                         speech=speech)
         self.realtime.bind(self.conversation)
         self.realtime.on_audio = self._audio
         self._input = PcmInput(CHUNK_SAMPLES)

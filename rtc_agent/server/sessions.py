@@ -20,8 +20,8 @@ from ..media.outbound import OutboundAudioTrack
 from ..media.vad import CHUNK_SAMPLES, SpeechProbability
 from ..media.video import sample_video
 from .metrics import Metrics
-from .protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, error_event, parse_client_message,
-                       turn_description)
+from .protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, error_event, output_modalities,
+                       parse_client_message, turn_description)
 from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,7 @@ class CallSession:
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
                  on_closed: Callable[["CallSession"], None], realtime: bool = False,
                  end_of_turn: EndOfTurnScorer | None = None) -> None:
+        speech = bool(describe.get("speech", True))
         self.id = "sess_" + secrets.token_urlsafe(9)
         self.resume_token = secrets.token_urlsafe(24)
         self.settings = settings
@@ -105,7 +106,7 @@ class CallSession:
                                        instructions) if realtime else None
         send = self.realtime.conversation_event if self.realtime else self.events.send
         self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
-                                         on_answer=self._answered, end_of_turn=end_of_turn)
+                                         on_answer=self._answered, end_of_turn=end_of_turn, speech=speech)
         if self.realtime:
             self.realtime.bind(self.conversation)
         self._wire(pc)
@@ -183,7 +184,7 @@ class CallSession:
             msg = parse_client_message(text, conversation.turn)
             if isinstance(msg, SessionUpdate):
                 try:
-                    conversation.update(msg.voice, msg.instructions, msg.turn)
+                    conversation.update(msg.voice, msg.instructions, msg.turn, msg.text_only)
                 except ValueError as exc:
                     raise ProtocolError("invalid_value", str(exc)) from None
                 self.voice = msg.voice or self.voice
@@ -232,6 +233,7 @@ class CallSession:
             "voice": self.voice,
             "instructions": self.instructions,
             "turn_detection": turn_description(self.conversation.turn),
+            "output_modalities": output_modalities(self.conversation.text_only),
             "input_audio": {"sample_rate": 16000, "vad": "silero"},
             "output_audio": {"codec": "opus", "packet_ms": 80, "sample_rate": 24000},
             "resume": {"token": self.resume_token, "window_s": self.settings.resume_window_s},
@@ -383,6 +385,9 @@ class Sessions:
             if hmac.compare_digest(call.resume_token.encode(), token.encode()) and not call.closing:
                 return call
         return None
+
+    def calls(self) -> list[CallSession]:
+        return list(self._calls.values())
 
     def remove(self, call: CallSession) -> None:
         self._calls.pop(call.id, None)

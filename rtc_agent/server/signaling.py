@@ -19,6 +19,7 @@ from ..media.vad import SpeechProbability
 from . import json_input
 from .errors import ApiError, ProtocolError
 from .guard import read_body
+from .metrics import Metrics
 from .protocol import Offer, parse_offer
 from .sessions import CallSession, Full
 from .state import STATE, ServerState
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_FULL_S = 10
 RETRY_AFTER_LOADING_S = 5
 RETRY_AFTER_DRAINING_S = 5
+RETRY_AFTER_MEMORY_S = 10
 
 
 async def offer(request: web.Request) -> web.Response:
@@ -52,8 +54,8 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
 
 
 def check_capacity(state: ServerState) -> None:
-    """503 unless the model is ready, the server is not draining and a call slot is free; reserves the slot (give
-    it back with release())."""
+    """503 unless the model is ready, the server is not draining, GPU memory is below the guard and a call slot is
+    free; reserves the slot (give it back with release())."""
     if not state.ready:
         state.metrics.rejected.labels("loading").inc()
         raise ApiError(503, "not_ready", "the model is still loading", {"Retry-After": str(RETRY_AFTER_LOADING_S)})
@@ -61,12 +63,17 @@ def check_capacity(state: ServerState) -> None:
         state.metrics.rejected.labels("draining").inc()
         raise ApiError(503, "draining", "this server is shutting down and takes no new calls",
                        {"Retry-After": str(RETRY_AFTER_DRAINING_S)})
+    memory = state.guard.refusal() if state.guard is not None else None
+    if memory is not None:
+        state.metrics.rejected.labels("memory").inc()
+        log.warning("call refused: %s", memory)
+        raise ApiError(503, "server_full", memory, {"Retry-After": str(RETRY_AFTER_MEMORY_S)}, reason="memory")
     try:
         state.sessions.reserve()
     except Full:
         state.metrics.rejected.labels("full").inc()
         raise ApiError(503, "server_full", f"all {state.sessions.max_sessions} call slots are taken",
-                       {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+                       {"Retry-After": str(RETRY_AFTER_FULL_S)}, reason="slots") from None
 
 
 async def open_call(state: ServerState, offer: Offer, realtime: bool = False) -> CallSession:
@@ -98,7 +105,7 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
     track = OutboundAudioTrack()
     call.resume(pc, track)  # before the offer is applied: that is when the caller's tracks arrive
     try:
-        await _answer_offer(pc, offer.sdp, track)
+        await _answer_offer(pc, offer.sdp, track, state.metrics)
     except BaseException:
         call.lose("the resume offer failed")  # parked again: the caller may try once more
         raise
@@ -116,7 +123,7 @@ def new_engine_session(state: ServerState, voice: str, instructions: str) -> Eng
         raise ApiError(400, "invalid_value", str(exc)) from None
     except EngineFullError as exc:
         state.metrics.rejected.labels("full").inc()
-        raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}) from None
+        raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}, reason="slots") from None
 
 
 async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallSession:
@@ -131,20 +138,20 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
                        end_of_turn=end_of_turn)
     try:
-        await _answer_offer(pc, offer.sdp, call.track)
+        await _answer_offer(pc, offer.sdp, call.track, state.metrics)
     except BaseException:
         await call.close("offer failed")
         raise
     return call
 
 
-async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTrack) -> None:
+async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTrack, metrics: Metrics) -> None:
     """Applies an offer that `parse_offer` checked and makes the answer; 400 `invalid_sdp` if aiortc still cannot
     use it."""
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(track)
-        use_low_latency_audio(pc)
+        use_low_latency_audio(pc, metrics.input_audio_packet)
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as exc:  # sdp_offer let through something aiortc cannot use
         log.warning("aiortc refused a checked offer: %r", exc)

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from ..config import Settings
 from ..media.vad import VadPool
+from .memory_guard import MemoryGuard
 from .metrics import Metrics
 from .sessions import Sessions
 
@@ -22,6 +23,7 @@ class ServerState:
     draining: bool = False  # SIGTERM: no new calls; the process ends when the last call has
     vads: VadPool = field(default_factory=VadPool)  # silero models, reused from call to call
     loaded: bool = False  # the start-up loader is done (models, call capacity, warm-up)
+    guard: MemoryGuard | None = None  # GPU memory: gauges, and no new calls above --memory-guard-pct
 
     @property
     def ready(self) -> bool:
@@ -30,8 +32,13 @@ class ServerState:
         return self.loaded and self.engine is not None and bool(getattr(self.engine, "ready", False))
 
     @property
+    def memory_full(self) -> bool:
+        """GPU memory is above the guard's limit (as of its latest reading)."""
+        return self.guard is not None and self.guard.over
+
+    @property
     def can_take_call(self) -> bool:
-        return self.ready and not self.draining and self.sessions.free > 0
+        return self.ready and not self.draining and self.sessions.free > 0 and not self.memory_full
 
 
 STATE = web.AppKey("rtc_agent_state", ServerState)

@@ -8,6 +8,7 @@ const TOKEN_KEY = "rtc-agent.token";
 const MIC_THRESHOLD = 0.01; // caller speech (RMS) for the end-of-speech time
 const AGENT_THRESHOLD = 0.0005; // first answer audio (about -66 dBFS RMS: decoded silence is far below)
 const PTT_TAIL_MS = 150; // keep sending this long after release so the last syllable reaches the server first
+const RESUME_RETRY_MS = 1000; // between attempts to resume a call whose connection died
 const $ = (id) => document.getElementById(id);
 
 // ---- settings, mode, token ------------------------------------------------------------------------------
@@ -87,6 +88,7 @@ class App {
     this.currentUser = null;
     this.pending = null; // {ref: perf ms of the caller's end of speech, heardMs, onsetAt}
     this.reconnects = 0;
+    this.lastResumeMs = null; // how long the last resume took, from the connection's loss to the new one
     this.sessionInfo = null;
     this.events = []; // the server's event types, in order (for diagnostics and tests)
     this._retryTimer = null;
@@ -161,6 +163,7 @@ class App {
       }
       if (cfg.instructions) $("instructions").placeholder = cfg.instructions;
       $("model-note").hidden = cfg.model !== "tiny";
+      if (Array.isArray(cfg.output_modalities)) this.setTextMode(cfg.output_modalities[0] === "text");
       return cfg;
     } catch {
       return {};
@@ -445,12 +448,18 @@ class App {
   }
 
   onLost(reason) {
-    const call = this.call;
-    this.call = null;
-    call?.hangup();
     this.stopStats();
     this.endAnswerState();
     this.addNote("Connection lost");
+    if (this.call?.resumeToken && this.call.resumeWindowS > 0) this.resumeCall(this.call, reason);
+    else this.callEnded(reason);
+  }
+
+  /** The call is over on the server too: the kiosk starts a new one, the other modes say so. */
+  callEnded(reason) {
+    const call = this.call;
+    this.call = null;
+    call?.hangup();
     if (this.mode === "kiosk") {
       this.retryLater(500, { title: "Connection lost", text: `${reason} Reconnecting…` });
       return;
@@ -462,6 +471,41 @@ class App {
       text: `${reason} The call has ended.`,
       action: { label: "Reconnect", fn: () => this.start() },
     });
+  }
+
+  /**
+   * The connection died (the car in a tunnel): the same call over a new peer connection, with the resume token
+   * from session.created, tried again and again until the server's resume window is nearly over. The server
+   * keeps the conversation meanwhile, so the next answer follows the last one.
+   */
+  async resumeCall(call, reason) {
+    const lostAt = performance.now();
+    const deadline = lostAt + call.resumeWindowS * 1000 - RESUME_RETRY_MS;
+    this.setState("reconnecting");
+    for (let attempt = 1; ; attempt++) {
+      this.showAlert({ title: "Connection lost", kind: "info",
+        text: `${reason} Reconnecting to the same conversation (attempt ${attempt})…` });
+      try {
+        await call.resume();
+        break;
+      } catch (err) {
+        if (call !== this.call || !this.inCall) return; // hung up meanwhile
+        const refused = err instanceof ServerError && err.status < 500; // 404: the server has ended the call
+        if (refused || performance.now() + RESUME_RETRY_MS > deadline) {
+          this.callEnded(refused ? "The server no longer has this call." : reason);
+          return;
+        }
+        await new Promise((resolve) => setTimeout(resolve, RESUME_RETRY_MS));
+        if (call !== this.call || !this.inCall) return;
+      }
+    }
+    if (call !== this.call || !this.inCall) return;
+    this.lastResumeMs = performance.now() - lostAt;
+    if (this.video) await call.setVideoTrack(this.screenTrack || this.camTrack || null);
+    this.addNote(`Reconnected after ${fmtMs(this.lastResumeMs)}, same conversation`);
+    this.hideAlert();
+    this.setState("listening");
+    this.startStats();
   }
 
   async hangup() {
@@ -556,6 +600,7 @@ class App {
       case "session.created":
       case "session.updated":
         this.sessionInfo = msg.session ?? null;
+        if (Array.isArray(msg.session?.output_modalities)) this.setTextMode(msg.session.output_modalities[0] === "text");
         break;
       case "conversation.state":
         if (msg.state === "thinking" && this.state !== "speaking") this.setState("thinking");
@@ -575,6 +620,7 @@ class App {
         break;
       case "response.output_audio_transcript.delta":
       case "response.audio_transcript.delta":
+      case "response.output_text.delta": // text mode: the answer is written, not spoken
         this.transcriptDelta(msg.response_id, msg.delta ?? "");
         break;
       case "response.done":
@@ -675,6 +721,7 @@ class App {
     r.interrupted = !!(resp.interrupted ?? m.interrupted ?? resp.status === "cancelled");
     r.failed = resp.status === "failed";
     r.ttfp_ms = typeof m.ttfp_ms === "number" ? m.ttfp_ms : null;
+    r.ttft_ms = typeof m.ttft_ms === "number" ? m.ttft_ms : null;
     if (!r.text && resp.transcript) r.text = resp.transcript;
     const text = r.li.querySelector(".text");
     text.classList.remove("waiting");
@@ -726,6 +773,7 @@ class App {
     const parts = [];
     if (r.heard_ms != null) parts.push(`heard after ${fmtMs(r.heard_ms)}`);
     if (r.ttfp_ms != null) parts.push(`server first packet ${fmtMs(r.ttfp_ms)}`);
+    else if (this.textMode && r.ttft_ms != null) parts.push(`first text ${fmtMs(r.ttft_ms)}`);
     meta.textContent = parts.join(" · ");
     meta.hidden = !parts.length;
   }
@@ -734,6 +782,15 @@ class App {
     $("latency").hidden = false;
     $("lat-heard").textContent = r.heard_ms != null ? fmtMs(r.heard_ms) : "–";
     $("lat-server").textContent = r.ttfp_ms != null ? fmtMs(r.ttfp_ms) : r.done ? "–" : "…";
+    $("lat-text-item").hidden = !this.textMode || r.ttft_ms == null;
+    $("lat-text").textContent = r.ttft_ms != null ? fmtMs(r.ttft_ms) : "–";
+  }
+
+  /** Text mode (a server without the Talker, or output_modalities ["text"]): answers are written, not spoken. */
+  setTextMode(on) {
+    this.textMode = on;
+    document.documentElement.dataset.output = on ? "text" : "audio";
+    $("text-mode-note").hidden = !on;
   }
 
   serverError(err) {

@@ -9,6 +9,7 @@ const VIDEO_SEND_MIN_SIDE = 640;
 const VIDEO_BITRATE_AT_MIN_SIDE = 250_000;
 const ICE_GATHER_TIMEOUT_MS = 2500;
 const CONNECT_TIMEOUT_MS = 15000;
+const RESUME_CONNECT_TIMEOUT_MS = 5000; // a resume tries again soon rather than wait long on a dead network
 const SILENT_PEER_MS = 4000; // the server sends a packet every 80 ms, silence included
 
 /** An HTTP error from the server's JSON error body: {"error": {"code", "message"}}. */
@@ -80,6 +81,8 @@ export class Call extends EventTarget {
     this.videoLimits = videoLimits;
     this.iceServers = iceServers;
     this.sessionId = null;
+    this.resumeToken = null; // from session.created: a new peer connection may take over this call
+    this.resumeWindowS = 0; // how long the server keeps the call for that once the connection died
     this.pc = null;
     this.dc = null;
     this.remoteStream = null;
@@ -90,21 +93,64 @@ export class Call extends EventTarget {
     this._lastPacketAt = 0;
     this._watch = null;
     this._disconnectTimer = null;
+    this._opening = false;
   }
 
   _emit(type, detail) {
     this.dispatchEvent(new CustomEvent(type, { detail }));
   }
 
-  async start() {
+  /** A new call. */
+  start() {
+    const body = {};
+    if (this.voice) body.voice = this.voice;
+    if (this.instructions) body.instructions = this.instructions;
+    return this._open(body, CONNECT_TIMEOUT_MS);
+  }
+
+  /**
+   * The same call over a new peer connection, after the old one died: the server keeps the conversation (same
+   * session, same history) for resumeWindowS. Rejects with ServerError 404 once the server has ended the call.
+   */
+  async resume() {
+    if (!this.resumeToken) throw new ConnectionError("This call cannot be resumed.");
+    this._dropConnection();
+    this._lostReported = false;
+    return this._open({ resume_token: this.resumeToken }, RESUME_CONNECT_TIMEOUT_MS);
+  }
+
+  _onMessage(msg) {
+    if (msg.type === "session.created") {
+      this.resumeToken = msg.session?.resume?.token ?? null;
+      this.resumeWindowS = msg.session?.resume?.window_s ?? 0;
+    } else if (msg.type === "error" && ["idle_timeout", "session_expired"].includes(msg.error?.code)) {
+      this.resumeToken = null; // the server is ending the call on purpose: nothing to come back to
+    }
+    this._emit("message", msg);
+  }
+
+  async _open(extra, connectTimeoutMs) {
+    this._opening = true; // until connected: a failure here is this promise's, not a "lost" state
+    try {
+      return await this._connect(extra, connectTimeoutMs);
+    } catch (err) {
+      this._dropConnection(); // a failed attempt's peer connection must not report "lost" later
+      throw err;
+    } finally {
+      this._opening = false;
+    }
+  }
+
+  async _connect(extra, connectTimeoutMs) {
     const pc = (this.pc = new RTCPeerConnection({ iceServers: this.iceServers, bundlePolicy: "max-bundle" }));
-    this.dc = pc.createDataChannel("events", { ordered: true });
-    this.dc.addEventListener("message", (e) => {
+    const dc = (this.dc = pc.createDataChannel("events", { ordered: true }));
+    const current = () => pc === this.pc; // events of a peer connection a resume replaced do not count
+    dc.addEventListener("message", (e) => {
       let msg;
       try { msg = JSON.parse(e.data); } catch { return; }
-      if (msg && typeof msg.type === "string") this._emit("message", msg);
+      if (current() && msg && typeof msg.type === "string") this._onMessage(msg);
     });
-    this.dc.addEventListener("close", () => this._lost("The server ended the call or went away."));
+    dc.addEventListener("close", () => current() && this._lost("The server ended the call or went away."));
 
     const audio = pc.addTransceiver(this.micTrack, { direction: "sendrecv", streams: [this.micStream] });
     this.audioSender = audio.sender;
@@ -114,19 +160,17 @@ export class Call extends EventTarget {
       this.videoSender = video.sender;
     }
     pc.addEventListener("track", (e) => {
-      if (e.track.kind !== "audio") return;
+      if (e.track.kind !== "audio" || !current()) return;
       this.remoteStream = e.streams[0] ?? new MediaStream([e.track]);
       this._emit("remotestream", this.remoteStream);
     });
-    pc.addEventListener("connectionstatechange", () => this._onConnectionState());
+    pc.addEventListener("connectionstatechange", () => current() && this._onConnectionState());
 
     await pc.setLocalDescription(await pc.createOffer());
     await waitIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
     if (this.closed) throw new ConnectionError("The call was ended.");
 
-    const body = { sdp: pc.localDescription.sdp, type: "offer" };
-    if (this.voice) body.voice = this.voice;
-    if (this.instructions) body.instructions = this.instructions;
+    const body = { sdp: pc.localDescription.sdp, type: "offer", ...extra };
     let resp;
     try {
       resp = await fetch(apiUrl("api/offer"), {
@@ -143,27 +187,28 @@ export class Call extends EventTarget {
     this.sessionId = answer.session_id ?? null;
     if (this.closed) { this._deleteSession(); throw new ConnectionError("The call was ended."); }
     await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
-    await this._connected();
+    await this._connected(connectTimeoutMs);
     this._startWatch();
     return this.sessionId;
   }
 
-  _connected() {
+  _connected(timeoutMs) {
+    const { pc, dc } = this;
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => finish(new ConnectionError("The media connection did not come up.")), CONNECT_TIMEOUT_MS);
+      const timer = setTimeout(() => finish(new ConnectionError("The media connection did not come up.")), timeoutMs);
       const check = () => {
         if (this.closed) finish(new ConnectionError("The call was ended."));
-        else if (this.pc.connectionState === "failed") finish(new ConnectionError("The media connection failed."));
-        else if (this.dc.readyState === "open" && this.pc.connectionState === "connected") finish();
+        else if (pc.connectionState === "failed") finish(new ConnectionError("The media connection failed."));
+        else if (dc.readyState === "open" && pc.connectionState === "connected") finish();
       };
       const finish = (err) => {
         clearTimeout(timer);
-        this.pc.removeEventListener("connectionstatechange", check);
-        this.dc.removeEventListener("open", check);
+        pc.removeEventListener("connectionstatechange", check);
+        dc.removeEventListener("open", check);
         err ? reject(err) : resolve();
       };
-      this.pc.addEventListener("connectionstatechange", check);
-      this.dc.addEventListener("open", check);
+      pc.addEventListener("connectionstatechange", check);
+      dc.addEventListener("open", check);
       check();
     });
   }
@@ -179,6 +224,7 @@ export class Call extends EventTarget {
 
   /** The server sends audio all the time (silence between answers): no packets for a while means it is gone. */
   _startWatch() {
+    this._lastPackets = -1;
     this._lastPacketAt = performance.now();
     this._watch = setInterval(async () => {
       const s = await this.inboundAudio();
@@ -193,8 +239,7 @@ export class Call extends EventTarget {
   }
 
   _lost(reason) {
-    if (this.closed || this._lostReported) return;
-    if (!this.dc || this.pc?.connectionState === "new") return; // still setting up: start() reports it
+    if (this.closed || this._lostReported || this._opening) return; // start() and resume() report their own
     this._lostReported = true;
     this._emit("state", { state: "lost", reason });
   }
@@ -263,6 +308,16 @@ export class Call extends EventTarget {
     let found = null;
     report.forEach((s) => { if (s.type === "inbound-rtp" && s.kind === "audio") found = s; });
     return found;
+  }
+
+  /** Lets the peer connection go without ending the call on the server (a resume follows). */
+  _dropConnection() {
+    clearInterval(this._watch);
+    clearTimeout(this._disconnectTimer);
+    const { pc, dc } = this;
+    this.pc = this.dc = this.remoteStream = this.audioSender = this.videoSender = null;
+    try { dc?.close(); } catch { /* already closed */ }
+    try { pc?.close(); } catch { /* already closed */ }
   }
 
   _deleteSession() {

@@ -1,0 +1,71 @@
+"""GPU memory: the process's cap, what is in use, and out-of-memory errors turned into something a call survives.
+
+`used` is what the engine's tensors hold (`torch.cuda.memory_allocated`) plus everything on the GPU outside
+PyTorch's allocator (the CUDA context, other processes). Blocks PyTorch keeps cached but free are not counted:
+the allocator hands them back before it would fail an allocation. `total` is the GPU's memory times the
+process's cap (`--gpu-memory-fraction`), the most PyTorch lets this process take. Under a cap this is
+conservative: memory others use on the GPU is charged to this process's share.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class EngineOutOfMemory(RuntimeError):
+    """The GPU ran out of memory for a piece of a call's work; that piece was dropped, the call goes on."""
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    used_bytes: int
+    total_bytes: int
+    peak_bytes: int  # the most the engine's tensors held at once (torch.cuda.max_memory_allocated)
+
+    @property
+    def used_pct(self) -> float:
+        return 100.0 * self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+def _index(device: torch.device) -> int:
+    """The CUDA device's index (`cuda` alone means the current one; some torch.cuda calls need the index)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def cap_process_memory(device: torch.device, fraction: float) -> None:
+    """Let this process take at most `fraction` of the GPU's memory (before anything is allocated)."""
+    if device.type == "cuda" and fraction < 1.0:
+        torch.cuda.set_per_process_memory_fraction(fraction, _index(device))
+        total = torch.cuda.get_device_properties(device).total_memory
+        log.info("GPU memory capped at %.1f %% of %.1f GB = %.1f GB", fraction * 100, total / 1e9,
+                 fraction * total / 1e9)
+
+
+def read_memory(device: torch.device) -> MemoryUse | None:
+    """What is in use on `device` now; None on a CPU (no GPU memory to guard). Conservative under a cap: memory
+    used outside PyTorch (the CUDA context, other processes) is charged to this process's share."""
+    if device.type != "cuda":
+        return None
+    free, device_total = torch.cuda.mem_get_info(device)
+    reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+    outside = max(0, device_total - free - reserved)  # the CUDA context, other processes
+    cap = int(device_total * torch.cuda.get_per_process_memory_fraction(_index(device)))
+    return MemoryUse(used_bytes=allocated + outside, total_bytes=cap,
+                     peak_bytes=torch.cuda.max_memory_allocated(device))
+
+
+def free_bytes(device: torch.device) -> tuple[int, int]:
+    """(free, total) for this process on a GPU: what it may still allocate under its cap, and the cap."""
+    free, device_total = torch.cuda.mem_get_info(device)
+    cap = int(device_total * torch.cuda.get_per_process_memory_fraction(_index(device)))
+    return min(free, cap - torch.cuda.memory_reserved(device)), cap
+
+
+def release_cached(device: torch.device) -> None:
+    """After an out-of-memory error: give the allocator's cached blocks back, so the next work starts clean."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
