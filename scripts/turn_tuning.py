@@ -62,7 +62,7 @@ def trajectories(name: str, kinds: list[str], continuation: bool) -> list[dict[s
 def verdicts(scores: list[float], e: Eagerness, longest_ms: int) -> tuple[int | None, float | None]:
     """(silence ms when the turn would end, the deciding score) for one silence of `longest_ms` at most, with
     checks as SemanticTurn makes them; (None, None): no verdict ended it."""
-    next_check = e.first_check_ms
+    next_check, asked = e.first_check_ms, []
     for i, p in enumerate(scores):
         silence = (i + 1) * CHUNK_MS
         if silence >= next_check:
@@ -70,7 +70,8 @@ def verdicts(scores: list[float], e: Eagerness, longest_ms: int) -> tuple[int | 
             if ends_at >= longest_ms:
                 break
             next_check = max(e.next_check_ms(silence), ends_at)  # one verdict at a time
-            if p >= e.threshold_at(silence):
+            asked.append(p)
+            if e.ends_turn(asked, silence):
                 return ends_at, p
     return (e.max_wait_ms, None) if longest_ms >= e.max_wait_ms else (None, None)
 
@@ -94,11 +95,11 @@ def evaluate(rows: list[dict[str, Any]], e: Eagerness) -> dict[str, Any]:
 def search(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any], Eagerness]]:
     """Policies that keep at least `floor` of the pauses, fastest P50 then P90 first."""
     found = []
-    for first, recheck, early_until, t0, slope in itertools.product(
-            (64, 96, 128, 160, 192), (32, 64, 96, 128), (256, 384, 512, 640),
-            (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95), (0.0, 0.0001, 0.0002, 0.0004)):
-        e = dataclasses.replace(EAGERNESS["auto"], first_check_ms=first, recheck_ms=recheck,
-                                early_until_ms=early_until, threshold=t0, threshold_per_ms=slope)
+    for first, recheck, early_until, t0, slope, average_of in itertools.product(
+            (64, 96, 128, 160, 192), (32, 64, 96, 128), (192, 256, 384, 512, 640),
+            (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95), (0.0, 0.0001, 0.0002, 0.0004), (1, 2)):
+        e = dataclasses.replace(EAGERNESS["auto"], first_check_ms=first, recheck_ms=recheck, early_until_ms=early_until,
+                                threshold=t0, threshold_per_ms=slope, average_of=average_of)
         r = evaluate(rows, e)
         if r["not_cut_share"] >= floor:
             found.append((r, e))

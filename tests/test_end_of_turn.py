@@ -145,8 +145,8 @@ def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the
 
 def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_them() -> None:
     """SemanticTurn on the real model: it asks for verdicts at the silences the eagerness names (one at a time),
-    ends the turn at the first verdict at or above the threshold for its silence, and ignores a verdict that
-    comes back after the caller spoke again."""
+    ends the turn at the first verdict that the eagerness's rule (threshold, mean of the latest verdicts) says
+    ends it, and ignores a verdict that comes back after the caller spoke again."""
     scorer = shared_scorer()
     eagerness = EAGERNESS["auto"]
     audio = ssml_speech(*PAUSED, rate=16_000)
@@ -156,13 +156,13 @@ def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_t
         ended: list[int] = []
         turn = SemanticTurn(scorer, eagerness, lambda: ended.append(silence))
         turn.start([audio[:start + 16 * 100]])  # the turn so far: speech up to "... to become", then silence
-        checks: list[tuple[int, float, float]] = []
+        checks: list[tuple[int, float]] = []
         for silence in range(32, eagerness.patient_ms + 32 * 8, 32):
             turn.silence(silence)
             await asyncio.gather(*turn._tasks)  # each verdict back before the next chunk: no timing involved
             if len(turn.decisions) > len(checks):
                 assert turn.checked_at_ms is not None and turn.probability is not None
-                checks.append((turn.checked_at_ms, turn.probability, eagerness.threshold_at(turn.checked_at_ms)))
+                checks.append((turn.checked_at_ms, turn.probability))
             if ended:
                 break
         def at_chunk(ms: int) -> int:  # a verdict is asked for at the first 32 ms chunk that reaches its silence
@@ -172,7 +172,9 @@ def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_t
         while len(expected) < len(checks):
             expected.append(at_chunk(eagerness.next_check_ms(expected[-1])))
         assert [c[0] for c in checks] == expected
-        assert all(p < t for _, p, t in checks[:-1]) and (checks[-1][1] >= checks[-1][2]) == bool(ended)
+        scores = [p for _, p in checks]
+        assert not any(eagerness.ends_turn(scores[:i], checks[i - 1][0]) for i in range(1, len(checks)))
+        assert eagerness.ends_turn(scores, checks[-1][0]) == bool(ended)
 
         turn.start([audio])  # a new turn; speech resumes while its first verdict is on its way
         turn.silence(eagerness.first_check_ms)
