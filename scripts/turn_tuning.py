@@ -96,7 +96,7 @@ def search(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any
     """Policies that keep at least `floor` of the pauses, fastest P50 then P90 first."""
     found = []
     for first, recheck, early_until, t0, slope, average_of in itertools.product(
-            (64, 96, 128, 160, 192), (32, 64, 96, 128), (192, 256, 384, 512, 640),
+            (64, 96, 128, 160, 192), (32, 64, 96, 128), (256, 384, 512, 640),
             (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95), (0.0, 0.0001, 0.0002, 0.0004), (1, 2)):
         e = dataclasses.replace(EAGERNESS["auto"], first_check_ms=first, recheck_ms=recheck, early_until_ms=early_until,
                                 threshold=t0, threshold_per_ms=slope, average_of=average_of)
