@@ -149,7 +149,7 @@ class Conversation:
         elif self._in_turn and (self._detector.active or signal in (Signal.ENDED, Signal.FALSE_START)):
             self._push([*self._unpushed, chunk])  # (the pre-roll when push-to-talk speech resumes)
             self._unpushed.clear()
-            if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == FLUSH_AFTER_SILENCE_MS // CHUNK_MS:
+            if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._flush_after_ms // CHUNK_MS:
                 self._ops.put_nowait(("flush", None))  # the engine prefills now: the turn may be ending
         else:
             self._unpushed.append(chunk)
@@ -340,6 +340,7 @@ class Conversation:
 
     def _use_turn_settings(self, turn: TurnSettings) -> None:
         self.turn = turn
+        self._flush_after_ms = FLUSH_AFTER_SILENCE_MS
         self._detector.threshold = turn.vad_threshold
         self._detector.silence_ms = self._detector.end_silence_ms = turn.silence_ms
         if self._semantic is not None:
@@ -351,6 +352,8 @@ class Conversation:
             eagerness = EAGERNESS[turn.eagerness]
             self._semantic = SemanticTurn(self._scorer, eagerness, self._turn_complete)
             self._detector.end_silence_ms = eagerness.max_wait_ms
+            # the tail is prefilled while the first verdict is on its way, not after it
+            self._flush_after_ms = min(FLUSH_AFTER_SILENCE_MS, eagerness.first_check_ms)
 
     def _end_of_turn_metrics(self, wait_ms: int | None) -> dict[str, Any]:
         """How this turn's end was decided, for response.done (and the end-of-turn wait histogram)."""
@@ -360,7 +363,8 @@ class Conversation:
         if semantic is not None:
             out.update(probability=None if semantic.probability is None else round(semantic.probability, 3),
                        eagerness=self.turn.eagerness, decisions=len(semantic.decisions),
-                       decision_cpu_ms=[d.cost_ms for d in semantic.decisions])
+                       decision_cpu_ms=[d.cost_ms for d in semantic.decisions],
+                       checked_at_ms=semantic.checked_at_ms, verdict_ms=semantic.verdict_ms)
             semantic.stop()
         return out
 

@@ -3,12 +3,15 @@
 spoken by the project's aiortc client to a real server, in each turn-detection mode.
 
     .venv/bin/python scripts/turn_latency.py                      # starts `rtc-agent serve` on port 8120
+    .venv/bin/python scripts/turn_latency.py --speech tuning      # the sentences semantic_vad was tuned on
     .venv/bin/python scripts/turn_latency.py --url http://127.0.0.1:8120 --modes semantic_vad:auto,server_vad:400
     .venv/bin/python scripts/turn_latency.py --callers 8 --sets questions   # 8 calls at once
 
 Per sentence: the end-of-turn probability and the wait chosen (response.done's `end_of_turn`), the heard latency
 (end of speech in the WAV -> first answer audio arriving at the caller), and whether the turn was ended inside
-the sentence's pause (a cut-in). Prints Markdown tables and a summary; `--json FILE` keeps everything.
+the sentence's pause (a cut-in); and where the heard latency went (the check, the verdict, the server's first
+packet, the rest). The speech is the held-out set of scripts/turn_speech.py unless `--speech tuning`. Prints
+Markdown tables and a summary; `--json FILE` keeps everything.
 """
 from __future__ import annotations
 
@@ -20,107 +23,20 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import aiohttp
 import numpy as np
 
-from rtc_agent.client.microphone import RATE, Microphone, load_audio
+from rtc_agent.client.microphone import RATE, Microphone
 from rtc_agent.client.peer import Call
 from rtc_agent.media.ice import use_host_addresses
+from turn_speech import SETS, Sentence, speech_set
 
-QUESTIONS = [
-    "What is the weather like in Paris tomorrow?",
-    "How far is it from here to the train station?",
-    "Can you recommend a good book about history?",
-    "What time does the pharmacy close today?",
-    "How do I reset the password on my laptop?",
-    "Who won the football match last night?",
-    "What is the capital city of Australia?",
-    "Could you set a timer for ten minutes?",
-    "How many grams of sugar are in a teaspoon?",
-    "Where is the nearest petrol station?",
-    "What should I cook for dinner tonight?",
-    "Is it going to rain this afternoon?",
-    "How long does it take to boil an egg?",
-    "Can you play some relaxing music for me?",
-    "What is the exchange rate between euros and dollars?",
-    "When does the next bus to the airport leave?",
-    "How do you say thank you in Japanese?",
-    "Why is the sky blue during the day?",
-    "What are the opening hours of the museum?",
-    "Could you remind me to call my mother at six?",
-    "How tall is the Eiffel Tower?",
-    "Which planet is closest to the sun?",
-]
-
-# (before the pause, pause in ms, after it): the sentence plainly goes on after the pause.
-PAUSED = [
-    ("I would like to book a table for", 800, "four people tonight."),
-    ("Can you tell me how to get to", 700, "the central library?"),
-    ("My favourite kind of music is", 900, "jazz from the fifties."),
-    ("Please send a message to", 800, "my brother about dinner."),
-    ("What is the best way to", 700, "learn a new language?"),
-    ("I think the problem is that", 1000, "the printer has no paper."),
-    ("Could you remind me to", 800, "water the plants tomorrow?"),
-    ("The meeting has been moved to", 900, "Thursday afternoon."),
-    ("How much does it cost to", 700, "fly to Berlin in May?"),
-    ("I need to buy some", 800, "bread and milk on the way home."),
-    ("Tell me a story about", 1000, "a dragon who loves cheese."),
-    ("Is there a good restaurant near", 600, "the old harbour?"),
-    ("We are planning a trip to", 900, "the mountains next week."),
-    ("Can you find me a recipe for", 800, "chocolate cake without eggs?"),
-    ("I was wondering whether", 1000, "you could help me with my homework."),
-    ("Turn on the lights in", 700, "the living room please."),
-    ("What do you know about", 800, "the history of Rome?"),
-    ("My daughter wants to become", 900, "a veterinary surgeon."),
-    ("Set an alarm for", 600, "seven thirty in the morning."),
-    ("The train to London leaves from", 800, "platform number nine."),
-]
-
-LEVEL = 0.01  # |sample| above this is speech (espeak-ng's silence is exact zeros)
 GAP_AFTER_S = 0.4  # quiet between one sentence's answer and the next sentence
 WAIT_S = 12.0  # longest wait for a sentence's answer after its speech ends
-
-
-@dataclass
-class Sentence:
-    kind: str  # "question" or "paused"
-    text: str
-    samples: np.ndarray  # 48 kHz mono
-    end: int  # last speech sample
-    pause: tuple[int, int] | None  # the mid-sentence pause: first and last silent sample
-
-
-def espeak(text: str, pause_ms: int | None = None, rest: str = "") -> np.ndarray:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "s.wav"
-        if pause_ms is None:
-            subprocess.run(["espeak-ng", "-w", str(path), text], check=True)
-        else:
-            ssml = f'<speak>{text} <break time="{pause_ms}ms"/> {rest}</speak>'
-            subprocess.run(["espeak-ng", "-m", "-w", str(path), ssml], check=True)
-        return load_audio(str(path), RATE)
-
-
-def speech_set(sets: list[str]) -> list[Sentence]:
-    out = []
-    if "questions" in sets:
-        for q in QUESTIONS:
-            s = espeak(q)
-            out.append(Sentence("question", q, s, int(np.flatnonzero(np.abs(s) > LEVEL)[-1]), None))
-    if "paused" in sets:
-        for before, ms, after in PAUSED:
-            s = espeak(before, ms, after)
-            loud = np.flatnonzero(np.abs(s) > LEVEL)
-            i = int(np.argmax(np.diff(loud)))
-            out.append(Sentence("paused", f"{before} <{ms} ms> {after}", s, int(loud[-1]),
-                                (int(loud[i]) + 1, int(loud[i + 1]) - 1)))
-    return out
 
 
 def turn_detection(mode: str) -> dict[str, Any]:
@@ -166,6 +82,7 @@ async def speak(call: Call, mic: Microphone, sentence: Sentence) -> dict[str, An
         "heard_ms": None if heard is None else round((heard - t_end) * 1000),
         "cut_in": cut_in, "answered_after_end": final_commit is not None,
         "server_ttfp_ms": (final or {}).get("metrics", {}).get("ttfp_ms"),
+        "checked_at_ms": eot.get("checked_at_ms"), "verdict_ms": eot.get("verdict_ms"),
     }
     if cut_in and dones:  # what the model said when it ended the turn inside the pause
         row["cut_probability"] = dones[0]["metrics"]["end_of_turn"].get("probability")
@@ -228,8 +145,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "answered_after_end": sum(r["answered_after_end"] for r in rs),
             "decision_cpu_ms_p50": pct(costs, 50), "decision_cpu_ms_p90": pct(costs, 90),
             "decisions_per_turn": statistics.mean(r["decisions"] or 0 for r in rs) if costs else None,
+            "breakdown_p50_ms": breakdown([r for r in rs if r["heard_ms"] is not None and not r["cut_in"]]),
         }
     return out
+
+
+def breakdown(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Where a heard latency goes (P50 of each part): the silence before the deciding verdict was asked for,
+    the verdict's own time, the server's first packet after the turn ended, and the rest (VAD tail: silero
+    counts silence from ~30-90 ms after the last sound; the trip to the server and its 32 ms chunks; the trip
+    back and the client's receiving)."""
+    def p50(values: list[Any]) -> float | None:
+        values = [v for v in values if v is not None]
+        return pct(values, 50)
+    rest = [r["heard_ms"] - r["wait_ms"] - r["server_ttfp_ms"] for r in rows
+            if r["wait_ms"] is not None and r["server_ttfp_ms"] is not None]
+    return {"checked_at": p50([r.get("checked_at_ms") for r in rows]), "verdict": p50([r.get("verdict_ms") for r in rows]),
+            "wait": p50([r["wait_ms"] for r in rows]), "server_first_packet": p50([r["server_ttfp_ms"] for r in rows]),
+            "vad_tail_and_transport": p50(rest), "heard": p50([r["heard_ms"] for r in rows])}
 
 
 def fmt(v: Any) -> str:
@@ -257,7 +190,8 @@ def markdown(results: dict[str, Any]) -> str:
                          f"(not cut in); wait P50 {fmt(s['wait_p50_ms'])} ms; not cut in: {s['n'] - s['cut_in']}/{s['n']}"
                          f"; answered after the real end: {s['answered_after_end']}/{s['n']}; end-of-turn model "
                          f"{fmt(s['decision_cpu_ms_p50'])} ms CPU a decision (P90 {fmt(s['decision_cpu_ms_p90'])}), "
-                         f"{fmt(s['decisions_per_turn'])} decisions a turn")
+                         f"{fmt(s['decisions_per_turn'])} decisions a turn; P50 parts: "
+                         + ", ".join(f"{k} {fmt(v)}" for k, v in s["breakdown_p50_ms"].items()))
         lines.append("")
     return "\n".join(lines)
 
@@ -292,12 +226,14 @@ async def main() -> None:
     p.add_argument("--port", type=int, default=8120)
     p.add_argument("--modes", default="semantic_vad:auto,server_vad:400",
                    help="comma-separated: semantic_vad:<eagerness>, server_vad:<silence ms>")
+    p.add_argument("--speech", choices=SETS, default="heldout",
+                   help="the speech set (scripts/turn_speech.py): heldout is what is reported, tuning what was tuned on")
     p.add_argument("--sets", default="questions,paused", help="questions, paused or both")
     p.add_argument("--callers", type=int, default=1, help="calls at once (each speaks the whole set)")
     p.add_argument("--json", help="write every row and the summaries here")
     args = p.parse_args()
     use_host_addresses(("127.0.0.1",))
-    sentences = speech_set(args.sets.split(","))
+    sentences = speech_set(args.speech, args.sets.split(","), RATE)
     modes = args.modes.split(",")
     load = os.getloadavg()
     async with (contextlib.nullcontext(args.url) if args.url else own_server(args.port, max(4, args.callers))) as url:

@@ -12,7 +12,7 @@ import pytest
 
 from rtc_agent.client.microphone import RATE, load_audio
 from rtc_agent.config import TurnSettings, build_settings
-from rtc_agent.media.end_of_turn import shared_scorer
+from rtc_agent.media.end_of_turn import EAGERNESS, SemanticTurn, shared_scorer
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
@@ -141,3 +141,47 @@ def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the
             assert unchanged["turn_detection"]["type"] == "server_vad"
 
     run(main(), timeout_s=200)
+
+
+def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_them() -> None:
+    """SemanticTurn on the real model: it asks for verdicts at the silences the eagerness names (one at a time),
+    ends the turn at the first verdict that the eagerness's rule (threshold, mean of the latest verdicts) says
+    ends it, and ignores a verdict that comes back after the caller spoke again."""
+    scorer = shared_scorer()
+    eagerness = EAGERNESS["auto"]
+    audio = ssml_speech(*PAUSED, rate=16_000)
+    start, _ = gap(audio, 16_000)
+
+    async def main() -> None:
+        ended: list[int] = []
+        turn = SemanticTurn(scorer, eagerness, lambda: ended.append(silence))
+        turn.start([audio[:start + 16 * 100]])  # the turn so far: speech up to "... to become", then silence
+        checks: list[tuple[int, float]] = []
+        for silence in range(32, eagerness.patient_ms + 32 * 8, 32):
+            turn.silence(silence)
+            await asyncio.gather(*turn._tasks)  # each verdict back before the next chunk: no timing involved
+            if len(turn.decisions) > len(checks):
+                assert turn.checked_at_ms is not None and turn.probability is not None
+                checks.append((turn.checked_at_ms, turn.probability))
+            if ended:
+                break
+        def at_chunk(ms: int) -> int:  # a verdict is asked for at the first 32 ms chunk that reaches its silence
+            return -(-ms // 32) * 32
+
+        expected = [at_chunk(eagerness.first_check_ms)]
+        while len(expected) < len(checks):
+            expected.append(at_chunk(eagerness.next_check_ms(expected[-1])))
+        assert [c[0] for c in checks] == expected
+        scores = [p for _, p in checks]
+        assert not any(eagerness.ends_turn(scores[:i], checks[i - 1][0]) for i in range(1, len(checks)))
+        assert eagerness.ends_turn(scores, checks[-1][0]) == bool(ended)
+
+        turn.start([audio])  # a new turn; speech resumes while its first verdict is on its way
+        turn.silence(eagerness.first_check_ms)
+        pending = list(turn._tasks)
+        turn.silence(0)
+        await asyncio.gather(*pending)
+        assert turn.decisions == [] and turn.probability is None
+        turn.close()
+
+    asyncio.run(main())

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""What Smart Turn says as a silence goes on, offline, and how a semantic_vad policy would fare on it.
+
+    .venv/bin/python scripts/turn_tuning.py --set tuning --out tuning.json     # score every 32 ms of silence
+    .venv/bin/python scripts/turn_tuning.py --load tuning.json --search        # choose check times / thresholds
+    .venv/bin/python scripts/turn_tuning.py --set heldout --out heldout.json   # then only evaluate on held-out
+
+Each sentence of a set (scripts/turn_speech.py) goes through silero-vad and the server's TurnDetector chunk by
+chunk, as in a call (16 kHz, 32 ms chunks, no Opus); at every chunk of every silence after confirmed speech the
+end-of-turn model scores the turn's audio so far. A policy (media/end_of_turn.Eagerness) is then replayed on
+those scores: when each verdict would come (check time + the verdict's own time) and whether it ends the turn,
+in the mid-sentence pause (a cut-in) or after the real end (the wait).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rtc_agent.config import TurnSettings  # noqa: E402
+from rtc_agent.media.end_of_turn import EAGERNESS, Eagerness, EndOfTurnModel  # noqa: E402
+from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
+from turn_speech import SETS, speech_set  # noqa: E402
+
+RATE = 16_000
+LONGEST_MS = 1600  # scores kept after the real end
+VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/TURN_TAKING.md)
+
+
+def trajectories(name: str, kinds: list[str], continuation: bool) -> list[dict[str, Any]]:
+    model, vad, turn = EndOfTurnModel(), SpeechProbability(), TurnSettings()
+    out = []
+    for s in speech_set(name, kinds, RATE, continuation):
+        vad.reset()
+        detector = TurnDetector(turn.vad_threshold, 10_000, turn.min_speech_ms)
+        audio = np.concatenate([s.samples, np.zeros(RATE * 2, np.float32)])
+        silences: list[dict[str, Any]] = []
+        for i in range(len(audio) // CHUNK_SAMPLES):
+            end = (i + 1) * CHUNK_SAMPLES
+            detector.feed(vad(audio[end - CHUNK_SAMPLES:end]))
+            run = detector.silence_run_ms if detector.confirmed else 0
+            if run == CHUNK_MS:  # a silence begins (as silero counts it, at the start of this chunk's run)
+                silences.append({"begins_ms": (end - CHUNK_SAMPLES) * 1000 // RATE, "scores": []})
+            if run and len(silences[-1]["scores"]) < LONGEST_MS // CHUNK_MS:
+                silences[-1]["scores"].append(round(model(audio[:end]), 4))
+        real_end_ms = s.end * 1000 // RATE
+        final = [x for x in silences if x["begins_ms"] >= real_end_ms - CHUNK_MS]
+        mid = [x for x in silences if x["begins_ms"] < real_end_ms - CHUNK_MS]
+        out.append({"kind": s.kind, "text": s.text, "vad_tail_ms": final[0]["begins_ms"] - real_end_ms if final else None,
+                    "final": final[0]["scores"] if final else [], "mid": [x["scores"] for x in mid]})
+        print(f"{s.text}: tail {out[-1]['vad_tail_ms']} ms, {len(mid)} pauses", file=sys.stderr)
+    return out
+
+
+def verdicts(scores: list[float], e: Eagerness, longest_ms: int) -> tuple[int | None, float | None]:
+    """(silence ms when the turn would end, the deciding score) for one silence of `longest_ms` at most, with
+    checks as SemanticTurn makes them; (None, None): no verdict ended it."""
+    next_check, asked = e.first_check_ms, []
+    for i, p in enumerate(scores):
+        silence = (i + 1) * CHUNK_MS
+        if silence >= next_check:
+            ends_at = silence + VERDICT_MS
+            if ends_at >= longest_ms:
+                break
+            next_check = max(e.next_check_ms(silence), ends_at)  # one verdict at a time
+            asked.append(p)
+            if e.ends_turn(asked, silence):
+                return ends_at, p
+    return (e.max_wait_ms, None) if longest_ms >= e.max_wait_ms else (None, None)
+
+
+def evaluate(rows: list[dict[str, Any]], e: Eagerness) -> dict[str, Any]:
+    """Questions: speech end -> the verdict that ends the turn (VAD tail + wait); every sentence: cut in a pause
+    inside it or not (a question's pauses are espeak-ng's short ones between phrases)."""
+    waits, cut = [], {"question": 0, "paused": 0}
+    for r in rows:
+        cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS)[0] is not None for m in r["mid"])
+        if r["kind"] == "question":
+            wait, _ = verdicts(r["final"], e, 10_000)
+            waits.append(r["vad_tail_ms"] + (wait if wait is not None else e.max_wait_ms))
+    paused = sum(r["kind"] == "paused" for r in rows)
+    return {"speech_end_to_verdict_p50_ms": float(np.percentile(waits, 50)),
+            "speech_end_to_verdict_p90_ms": float(np.percentile(waits, 90)),
+            "questions_cut": cut["question"], "not_cut": f"{paused - cut['paused']}/{paused}",
+            "not_cut_share": (paused - cut["paused"]) / paused}
+
+
+def search(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any], Eagerness]]:
+    """Policies that keep at least `floor` of the pauses, fastest P50 then P90 first."""
+    found = []
+    for first, recheck, early_until, t0, slope, average_of in itertools.product(
+            (64, 96, 128, 160, 192), (32, 64, 96, 128), (256, 384, 512, 640),
+            (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95), (0.0, 0.0001, 0.0002, 0.0004), (1, 2)):
+        e = dataclasses.replace(EAGERNESS["auto"], first_check_ms=first, recheck_ms=recheck, early_until_ms=early_until,
+                                threshold=t0, threshold_per_ms=slope, average_of=average_of)
+        r = evaluate(rows, e)
+        if r["not_cut_share"] >= floor:
+            found.append((r, e))
+    found.sort(key=lambda f: (f[0]["speech_end_to_verdict_p50_ms"], f[0]["speech_end_to_verdict_p90_ms"]))
+    return found
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--set", choices=SETS, help="score this speech set")
+    p.add_argument("--kinds", default="questions,paused", help="questions, paused or both")
+    p.add_argument("--continuation", action="store_true", help="a comma before each mid-sentence break")
+    p.add_argument("--out", help="keep the scores here (JSON)")
+    p.add_argument("--load", help="scores made before (JSON) instead of --set")
+    p.add_argument("--search", action="store_true", help="look for the fastest policies that keep --floor")
+    p.add_argument("--floor", type=float, default=0.85, help="share of pauses not cut, at least")
+    args = p.parse_args()
+    rows = json.loads(Path(args.load).read_text()) if args.load else trajectories(args.set, args.kinds.split(","), args.continuation)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows))
+    tails = [r["vad_tail_ms"] for r in rows if r["kind"] == "question"]
+    print(f"VAD tail (last sound -> silence as silero counts it): P50 {np.percentile(tails, 50):.0f} ms, "
+          f"P90 {np.percentile(tails, 90):.0f} ms")
+    for name, e in EAGERNESS.items():
+        print(name, evaluate(rows, e))
+    if args.search:
+        for r, e in search(rows, args.floor)[:15]:
+            print(r, e)
+
+
+if __name__ == "__main__":
+    main()
