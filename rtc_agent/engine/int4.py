@@ -1,11 +1,12 @@
-"""Weight-only INT4 (group size 128, asymmetric) for the Thinker's and Talker's experts and attention projections.
+"""Weight-only INT4 (group size 128, asymmetric) for the MoE experts and the Thinker's attention projections.
 
 Format: a weight W [..., N, K] (N outputs, K inputs) is cut along K into groups of G = 128 (or K itself where K is
 smaller, as in the tiny model); each group keeps a float16 `scale` and `offset` (its min) and 4-bit codes q in
 0..15, so that W ~ q * scale + offset. Two codes share a byte: byte j of a group holds element j (low nibble) and
 element j + G/2 (high nibble), so a kernel multiplies the low nibbles with the group's first half of the inputs and
-the high ones with the second half, with no shuffle. 4.25 bits a weight (bf16: 16). Asymmetric because it costs one multiply-add per group in the kernel
-(sum(w x) = scale * sum(q x) + offset * sum(x)) and never does worse than symmetric on a skewed group.
+the high ones with the second half, with no shuffle. 4.25 bits a weight (bf16: 16). Asymmetric because it costs
+one multiply-add per group in the kernel (sum(w x) = scale * sum(q x) + offset * sum(x)) and never does worse
+than symmetric on a skewed group.
 
 What is quantized and what stays: `quantize_model` replaces the experts of every MoE block, Thinker's and Talker's
 (32 of the 35 B parameters), and the q/k/v/o projections of the Thinker's decoder layers (1.1 B). Embeddings, the LM
@@ -17,8 +18,9 @@ int4 kernels measured slower than the library's bf16 ones for 0.14 GB saved (doc
 Kernels (Triton): `grouped_kernel`, a matmul over rows grouped by expert (`tl.dot` on tiles dequantized in
 registers) for prefill (experts, and linear layers over many rows); `rows_kernel`, dot products of a few rows
 (a decode step, one row per session) with many small blocks of weight rows, so that a step's few rows still spread
-over the whole GPU; moe.py's single-token MoE kernels read the same packed format for decode (`rows_dot`). Without CUDA and Triton (the CPU), the math is done by dequantizing first,
-which is also the reference the tests hold the kernels to under Triton's interpreter.
+over the whole GPU; moe.py's single-token MoE kernels read the same packed format for decode (`rows_dot`).
+Without CUDA and Triton (the CPU), the math is done by dequantizing first, which is also the reference the tests
+hold the kernels to under Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W [..., N, K] -> (packed uint8 [..., N, K/2], scale fp16 [..., N, K/128], offset fp16 [..., N, K/128])."""
+    """W [..., N, K] -> (packed uint8 [..., N, K/2], scale fp16 [..., N, K/G], offset fp16 [..., N, K/G])."""
     if weight.ndim == 3 and weight.shape[0] > QUANTIZE_CHUNK:  # experts a few at a time: bounded scratch memory
         parts = [quantize(chunk) for chunk in weight.split(QUANTIZE_CHUNK)]
         return tuple(torch.cat(tensors) for tensors in zip(*parts))

@@ -21,7 +21,9 @@ product, the routing-weight scale, the shared-expert gate), so results differ fr
 summation order inside dot products: most elements are bit-identical, the rest one bf16 step away.
 
 Where: `install(model)` patches the MoE blocks' `forward`; the fast path is taken only for one position per row
-(a decode step, one row per session, up to `MAX_DECODE_ROWS` rows) on CUDA with Triton present; prefill, the CPU and anything else call the library's forward unchanged.
+(a decode step, one row per session, up to `MAX_DECODE_ROWS` rows) on CUDA with Triton present; prefill, the CPU
+and anything else call the library's forward unchanged. With INT4 experts (int4.py) the same kernels read the
+packed weights (`QUANT`), and the library's forward calls `Int4Experts` (a grouped matmul) for the rest.
 `experts_torch` is the experts' math in plain PyTorch (gather + bmm), a reference for the CPU test; the Triton
 kernels themselves are tested on the CPU under Triton's interpreter (tests/test_moe.py).
 """
