@@ -184,4 +184,4 @@ def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_t
         assert turn.decisions == [] and turn.probability is None
         turn.close()
 
-    asyncio.run(main())
+    run(main(), timeout_s=120)
