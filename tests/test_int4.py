@@ -55,8 +55,9 @@ def test_synthetic_int4_fill_gives_the_quantized_full_precision_weights():
     model filled whole, then quantized (so benchmarks compare like with like)."""
     config = tiny.tiny_config_dict()
     device = torch.device("cpu")
-    full = loader._synthetic(config, device, torch.float32, False, "none", 0)
-    packed = loader._synthetic(config, device, torch.float32, False, "int4", 0)
+    full, _ = loader._synthetic(config, device, torch.float32, False, "none", 0)
+    packed, chosen = loader._synthetic(config, device, torch.float32, False, "int4", 0)
+    assert chosen == "int4"
     modules = dict(packed.named_modules())
     checked = 0
     for name, module in full.named_modules():

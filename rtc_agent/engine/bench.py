@@ -15,7 +15,7 @@ import torch
 from . import attention, audio_input, moe, norm, rotary, sampling
 from .engine import FLUSH_AFTER_SILENCE_MS, Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
-from .options import EngineOptions, SessionOptions
+from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions
 from .slots import rows_for
 
 FRAME_S = 0.08
@@ -24,7 +24,7 @@ FRAME_S = 0.08
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="tiny | synthetic:30b-a3b | path to a checkpoint")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--quantize", choices=("none", "int4", "auto"), default="none",
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
                         help="INT4 weights for the experts and attention (int4.py)")
     parser.add_argument("--turns", type=int, default=5, help="caller turns per session")
     parser.add_argument("--sessions", type=int, default=1, help="callers at once, each its own session")

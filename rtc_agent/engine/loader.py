@@ -21,13 +21,13 @@ import torch
 
 from . import int4, tiny
 from .memory import cap_process_memory, free_bytes
+from .options import QUANTIZE_CHOICES
 from .weights import fill_parameter, fill_random, recompute_buffers
 
 log = logging.getLogger(__name__)
 
 SYNTHETIC_MODELS = {"synthetic:30b-a3b": tiny.released_config_dict}
 SYNTHETIC_WEIGHT_SCALE = 0.03
-QUANTIZE_CHOICES = ("none", "int4", "auto")
 AUTO_INT4_SHARE = 0.9
 
 
@@ -73,8 +73,7 @@ def load(spec: str = "tiny", device: str = "auto", text_only: bool = False, dtyp
         model = _from_pretrained(path, dev, model_dtype, text_only, quantize)
     elif spec in SYNTHETIC_MODELS:
         path, model_dtype = tiny.tiny_checkpoint_dir(), _dtype(dtype, torch.bfloat16)  # tokenizer only
-        model = _synthetic(SYNTHETIC_MODELS[spec](), dev, model_dtype, text_only, quantize, reserve_bytes)
-        quantize = "int4" if any(isinstance(m, int4.Int4Experts) for m in model.modules()) else "none"
+        model, quantize = _synthetic(SYNTHETIC_MODELS[spec](), dev, model_dtype, text_only, quantize, reserve_bytes)
     else:
         path, model_dtype = _check_checkpoint(Path(spec)), _dtype(dtype, torch.bfloat16)
         quantize = _choose(quantize, _checkpoint_bytes(path), reserve_bytes, dev)
@@ -167,7 +166,8 @@ def _from_pretrained(path: Path, device: torch.device, dtype: torch.dtype, text_
 def _synthetic(config_dict: dict, device: torch.device, dtype: torch.dtype, text_only: bool, quantize: str,
                reserve_bytes: int):
     """Build the full architecture on the meta device, then allocate it on `device` and fill it cheaply; with int4,
-    module by module, each quantized module packed as soon as it is filled (the same weights as unquantized)."""
+    module by module, each quantized module packed as soon as it is filled (the same weights as unquantized).
+    Returns the model and the quantization chosen (none or int4)."""
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
     config = Qwen3OmniMoeConfig(**(config_dict | {"enable_audio_output": not text_only}))
@@ -175,14 +175,15 @@ def _synthetic(config_dict: dict, device: torch.device, dtype: torch.dtype, text
         model = Qwen3OmniMoeForConditionalGeneration(config).to(dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     log.info("allocating %.1f B random parameters on %s", sum(p.numel() for p in model.parameters()) / 1e9, device)
-    if _choose(quantize, weight_bytes, reserve_bytes, device) == "none":
+    quantize = _choose(quantize, weight_bytes, reserve_bytes, device)
+    if quantize == "none":
         _check_fits(weight_bytes, device, "synthetic")
         model.to_empty(device=device)
         fill_random(model, seed=0, scale=SYNTHETIC_WEIGHT_SCALE)
     else:
         _fill_quantized(model, device)
     recompute_buffers(model)
-    return model
+    return model, quantize
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from .sampling import Sampling
 
 VOICES = ("chelsie", "ethan", "aiden")
+QUANTIZE_CHOICES = ("none", "int4", "auto")  # weight-only INT4 (int4.py): never, always, where bf16 would not fit
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly, in a friendly spoken style."
 
 # The release's sampling defaults: the Talker's come from `Qwen3OmniMoeForConditionalGeneration.generate`
@@ -48,8 +49,8 @@ class EngineOptions:
             raise ValueError("video_window_s must be 0 (no video) to 600 seconds")
         if self.video_still_threshold < 0:
             raise ValueError("video_still_threshold must be >= 0 (0: keep every second of video)")
-        if self.quantize not in ("none", "int4", "auto"):
-            raise ValueError(f"quantize must be none, int4 or auto, not {self.quantize!r}")
+        if self.quantize not in QUANTIZE_CHOICES:
+            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, not {self.quantize!r}")
         if self.max_sessions < 0:
             raise ValueError("max_sessions must be >= 0 (0: as many as fit)")
         if self.max_answer_tokens < 1 or self.max_frames < 1:
