@@ -3,6 +3,7 @@ reused, and a full engine refuses a session cleanly."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -104,3 +105,45 @@ def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():
     for session in [again, *sessions[1:]]:
         run(session.close())
     assert engine.pool.free == len(engine.pool)
+
+
+def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
+    """Three callers whose audio chunks and turn ends reach the worker at the same moment: their prefills run as
+    batched steps (rows at different cache lengths), and each answer equals the one made alone."""
+    engine = engine_for(prefill_chunk_s=0.5)
+    audios = [caller_audio(1.7, seed=6), caller_audio(1.1, seed=7), caller_audio(2.3, seed=8)]
+    alone = []
+    for audio in audios:
+        session = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+        alone.append(_answer(run(one_turn(session, audio))))
+        run(session.close())
+    worker = engine._worker
+    batches: list[int] = []
+    prefill = worker._prefill
+
+    def recording(requests):
+        batches.append(len(requests))
+        return prefill(requests)
+
+    worker._prefill = recording
+    sessions = [engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES)) for _ in audios]
+    try:
+        async def together():
+            for session in sessions:  # (each call's first job makes its context: out of the way first)
+                await session._conv()
+            gate = threading.Event()
+            held = asyncio.wrap_future(worker.submit(gate.wait))  # the worker busy while every caller's audio
+            pushed = [asyncio.ensure_future(s.push_audio(a)) for s, a in zip(sessions, audios)]  # queues up
+            await asyncio.sleep(0.2)
+            gate.set()
+            await held
+            await asyncio.gather(*pushed)
+            return await asyncio.gather(*(one_turn(s, a[:0]) for s, a in zip(sessions, audios)))
+
+        batched = [_answer(result) for result in run(together())]
+    finally:
+        worker._prefill = prefill
+        for session in sessions:
+            run(session.close())
+    assert max(batches) == len(audios), batches  # the chunks of all three in one step
+    assert batched == alone

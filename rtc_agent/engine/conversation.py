@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from .layout import Piece, TurnLayout
 from .memory import release_cached
 from .options import SessionOptions
 from .sampling import choose
-from .slots import Slot
+from .slots import PrefillRequest, Slot
 from .stack import explicit_positions
 
 
@@ -101,9 +102,18 @@ class TokenIds:
                    c.tts_bos_token_id, c.tts_eos_token_id, (t.audio_token_id, t.image_token_id, t.video_token_id))
 
 
+T = TypeVar("T")
+Prefilling = Generator[PrefillRequest, tuple[torch.Tensor, torch.Tensor], T]  # see `Conversation`
+
+
 class Conversation:
     """One call's context in its session slot: the conversation so far (kept so the cache can be rebuilt), the
-    caller's turn being prefilled, and the start and end of each answer (`begin_answer`, `close`)."""
+    caller's turn being prefilled, and the start and end of each answer (`begin_answer`, `close`).
+
+    The methods that take in the caller's turn (`add_audio`, `flush`, `begin_answer`) are generators: each short
+    Thinker prefill they need is yielded as a `PrefillRequest`, and the worker sends back its (hidden, captured)
+    once it has run it, batched with the requests of other sessions that came at the same moment. The worker
+    drives them; `run_now` drives one here and now."""
 
     def __init__(self, core, slot: Slot, options: SessionOptions) -> None:
         self.core = core
@@ -136,7 +146,7 @@ class Conversation:
                 self._rebuild()
 
     # ----- caller turn -------------------------------------------------------------------------------------
-    def add_audio(self, samples: np.ndarray, at: float | None = None) -> None:
+    def add_audio(self, samples: np.ndarray, at: float | None = None) -> Prefilling[None]:
         """Caller audio; `at` is the media-clock time of its first sample (None: right after the last push)."""
         at = self.audio_clock if at is None else at
         if self.turn is None and not len(self.pending):
@@ -146,15 +156,15 @@ class Conversation:
         chunk = int(self.core.options.prefill_chunk_s * INPUT_SAMPLE_RATE)
         while chunk and len(self.pending) >= chunk:
             piece, self.pending = self.pending[:chunk], self.pending[chunk:]
-            self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
+            yield from self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
 
-    def flush(self) -> None:
+    def flush(self) -> Prefilling[None]:
         """Prefill the caller audio still pending now, a chunk shorter than `prefill_chunk_s` (the caller paused:
         the turn may end, and then only the audio after this point is left to encode). Nothing with
         `prefill_chunk_s` 0, which means prefilling the whole turn at its end."""
         if self.core.options.prefill_chunk_s and len(self.pending) >= audio_input.MEL_HOP:
             piece, self.pending = self.pending, np.zeros(0, dtype=np.float32)
-            self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
+            yield from self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
 
     def add_image(self, image: np.ndarray, at: float) -> None:
         """A caller video frame captured at media-clock time `at`; it waits for the turn of its moment."""
@@ -258,9 +268,9 @@ class Conversation:
         piece.audio.append(encoded)
         return piece
 
-    def _prefill_turn(self, pieces: list[Piece], trailer: int = 0) -> torch.Tensor:
-        """Prefill pieces of the user turn (plus `trailer` assistant-header ids at the end); returns the logits
-        at the last position."""
+    def _prefill_turn(self, pieces: list[Piece], trailer: int = 0) -> Prefilling[torch.Tensor]:
+        """Prefill pieces of the user turn (plus `trailer` assistant-header ids at the end); returns the hidden
+        state at the last position."""
         piece = Piece()
         for part in pieces:
             piece.ids += part.ids
@@ -275,7 +285,8 @@ class Conversation:
                 f"(about {self.cache.max_len // 13} s of audio with room for an answer); it was dropped")
         turn = self.turn
         positions = piece.position_array()
-        hidden, captured, embeds = self._thinker_prefill(piece.ids, piece.audio, piece.grids, positions + turn.base)
+        hidden, captured, embeds = yield from self._thinker_prefill(piece.ids, piece.audio, piece.grids,
+                                                                    positions + turn.base)
         user_len = len(piece.ids) - trailer
         turn.segment.extend(piece, positions, user_len)
         if self.talker is not None:
@@ -283,7 +294,7 @@ class Conversation:
             part = self._talker_user_part(piece.ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
             self.talker.prefill_user_part(part, positions[:, :user_len] + turn.talker_base)
             segment.talker_part = part if segment.talker_part is None else torch.cat((segment.talker_part, part), 1)
-        return self.core.model.thinker.lm_head(hidden[:, -1])
+        return hidden[:, -1]
 
     def _place_turn(self) -> None:
         """The turn starts where the context ends, in the Thinker and in the Talker."""
@@ -291,7 +302,9 @@ class Conversation:
         self.turn.talker_base = self.talker.next_user_position() if self.talker is not None else 0
 
     def _thinker_prefill(self, ids: list[int], audio: list[torch.Tensor], grids: list[vision_input.VisionGrid] = (),
-                         positions: np.ndarray | None = None):
+                         positions: np.ndarray | None = None) -> Prefilling[tuple[torch.Tensor, ...]]:
+        """The Thinker over `ids` (their audio and video features in place) at the end of the cache; returns
+        (hidden, captured, embeds). A short one at sequential positions is yielded, for the worker to batch."""
         model = self.core.model
         lm = model.thinker.model.language_model
         id_tensor = torch.tensor([ids], device=self.core.device)
@@ -307,13 +320,21 @@ class Conversation:
             layers = len(grids[0].deepstack)
             deepstack = (video, [torch.cat([g.deepstack[i] for g in grids]) for i in range(layers)])
         positions = explicit_positions(positions, self.cache)
-        prefill = self.slot.prefill
-        if positions is None and prefill is not None and prefill.fits(embeds.shape[1]):
-            hidden, captured = prefill(embeds)
+        if positions is None and deepstack is None and PrefillRequest.fits(self.cache, embeds.shape[1]):
+            hidden, captured = yield PrefillRequest(self.slot, embeds)
         else:
             hidden, captured = self.core.pool.thinker_stack(embeds, self.cache, graph_mode=False, positions=positions,
                                                             deepstack=deepstack)
         return hidden, captured, embeds
+
+    def run_now(self, work: Prefilling[T]) -> T:
+        """Drive a generator of this class here and now, each of its prefills alone."""
+        try:
+            request = next(work)
+            while True:
+                request = work.send(self.core.pool.prefill([request])[0])
+        except StopIteration as stop:
+            return stop.value
 
     def _talker_user_part(self, ids: list[int], embeds: torch.Tensor, captured: torch.Tensor) -> torch.Tensor:
         talker = self.core.model.talker
@@ -340,7 +361,7 @@ class Conversation:
             return
         base = self.cache.next_position
         positions = None if segment.positions is None else segment.positions + base
-        self._thinker_prefill(segment.ids, segment.audio, segment.grids, positions)
+        self.run_now(self._thinker_prefill(segment.ids, segment.audio, segment.grids, positions))
 
     def _prefill_talker_part(self, segment: Segment) -> None:
         if segment.talker_part is not None:
@@ -392,7 +413,7 @@ class Conversation:
             self._prefill_talker_part(self.turn.segment)
 
     # ----- answer ----------------------------------------------------------------------------------------------
-    def begin_answer(self, emit: Callable[[Event], None]) -> Answer:
+    def begin_answer(self, emit: Callable[[Event], None]) -> Prefilling[Answer]:
         """Finish the caller's turn: prefill its tail and the assistant header, choose the first token and, with
         speech, prefill the Talker's assistant prefix. The frames then come from batched steps (`answer.tick`)."""
         started = time.perf_counter()
@@ -408,7 +429,8 @@ class Conversation:
             if len(tail) >= audio_input.MEL_HOP:
                 pieces.append(self._audio_piece(tail))
             pieces.append(self.turn.layout.closing(header, typed))
-        logits = self._prefill_turn(pieces, trailer=len(header))
+        last = yield from self._prefill_turn(pieces, trailer=len(header))
+        logits = self.core.model.thinker.lm_head(last)
         self.segments.append(self.turn.segment)
         self.turn = None
         answer = Answer(self, emit, started, header, self.cache.length - len(header))
@@ -441,7 +463,7 @@ class Conversation:
             return  # all of it was heard
         self.cache.crop(answer_start)
         self.segments[-1] = Segment("assistant", header + kept + [self.ids.im_end, self.ids.newline])
-        self._thinker_prefill(self.segments[-1].ids, [])
+        self.run_now(self._thinker_prefill(self.segments[-1].ids, []))
         if self.turn is not None and self.turn.segment.ids:  # the caller's next turn had started: prefill it again
             self.turn.base = self.cache.next_position  # (its Talker part is not behind the answer: it stays)
             self._prefill_segment(self.turn.segment)
@@ -456,7 +478,7 @@ class Conversation:
         fed = self.cache.length - answer_start  # header + fed tokens
         keep = min(fed, len(header) + len(kept))
         self.cache.crop(answer_start + keep)
-        self._thinker_prefill(segment.ids[keep:], [])
+        self.run_now(self._thinker_prefill(segment.ids[keep:], []))
         self.segments.append(segment)
         if self.talker is not None:
             self.talker.end_answer()

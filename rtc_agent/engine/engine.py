@@ -8,6 +8,7 @@ runs the sessions' prefills as jobs and advances every answer in progress with o
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 import weakref
@@ -61,7 +62,7 @@ class Engine:
             defaults = SessionOptions()
             self.pool.capture(defaults.talker_sampling, defaults.predictor_sampling)
         log.info("%d session slots ready in %.1f s", len(self.pool), time.perf_counter() - started)
-        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers))
+        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.pool.prefill)
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions()) -> "Engine":
@@ -100,9 +101,11 @@ class Engine:
     def speaker_id(self, voice: str) -> int:
         return self.model.config.talker_config.speaker_id[voice]
 
-    async def run(self, fn: Callable[..., T], *args, urgent: bool = False) -> T:
-        """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first."""
-        return await asyncio.wrap_future(self._worker.submit(lambda: fn(*args), URGENT if urgent else NORMAL))
+    async def run(self, fn: Callable[..., T], *args, urgent: bool = False, key: Any = None) -> T:
+        """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first. `key`: the session
+        slot it works on (its jobs keep their order; a generator `fn` may be batched with other slots' prefills)."""
+        priority = URGENT if urgent else NORMAL
+        return await asyncio.wrap_future(self._worker.submit(lambda: fn(*args), priority, key))
 
     def new_session(self, options: SessionOptions = SessionOptions()) -> "Session":
         """A session on a free slot; `EngineFullError` when every slot is taken."""
@@ -178,33 +181,41 @@ class Session:
 
     async def _conv(self) -> Conversation:
         if self._conversation is None:
-            self._conversation = await self.engine.run(Conversation, self.engine, self._slot, self.options)
+            self._conversation = await self._run(Conversation, self.engine, self._slot, self.options)
         elif self._conversation.options is not self.options:
             await self._run_turn(self._conversation.apply, self.options)
         return self._conversation
 
+    async def _run(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
+        """Run `fn(*args)` on the worker, in order with this call's other work."""
+        return await self.engine.run(fn, *args, urgent=urgent, key=self._slot.index)
+
     async def _run_turn(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
-        """Run a piece of this call's work on the worker. If the GPU runs out of memory in it, the caller's turn
-        is dropped, the caches are left consistent, and `EngineOutOfMemory` says so: the call goes on."""
+        """Run a piece of this call's work on the worker (`fn` may be a generator of `Conversation`'s, its prefills
+        batched with other calls'). If the GPU runs out of memory in it, the caller's turn is dropped, the caches
+        are left consistent, and `EngineOutOfMemory` says so: the call goes on."""
         conv = self._conversation
 
-        def job() -> T:
+        def job():
             try:
-                return fn(*args)
+                result = fn(*args)
+                if inspect.isgenerator(result):
+                    result = yield from result
+                return result
             except torch.OutOfMemoryError:
                 log.warning("out of GPU memory in %s; the caller's turn is dropped", getattr(fn, "__name__", fn))
                 conv.recover()
                 raise EngineOutOfMemory("the GPU ran out of memory for this turn; it was dropped (the call goes "
                                         "on: speak again)") from None
 
-        return await self.engine.run(job, urgent=urgent)
+        return await self._run(job, urgent=urgent)
 
     async def limit_video(self, window_s: int) -> int | None:
         """Keep at most `window_s` seconds of the caller's video in the context (the memory guard); returns the
         window now in force, None when this call has sent no video."""
         if self._conversation is None or self.closed:
             return None
-        return await self.engine.run(self._conversation.limit_video, window_s)
+        return await self._run(self._conversation.limit_video, window_s)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
                          at: float | None = None) -> None:
@@ -232,7 +243,7 @@ class Session:
         if self._answering:
             raise RuntimeError("an answer is in progress on this session: push text after it")
         conv = await self._conv()
-        await self.engine.run(conv.add_text, text)
+        await self._run(conv.add_text, text)
 
     async def flush(self) -> None:
         """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
@@ -249,7 +260,7 @@ class Session:
         image = vision_input.check_image(image)
         at = _check_time(at)
         conv = await self._conv()
-        await self.engine.run(conv.add_image, image, at)
+        await self._run(conv.add_image, image, at)
 
     def video_stats(self) -> dict[str, Any]:
         """What became of the caller's video: frames received, seconds of video in the context."""
@@ -284,8 +295,8 @@ class Session:
         self._interrupt = None
         self._answering = True
 
-        def start() -> Answer:
-            answer = conv.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        def start():
+            answer = yield from conv.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
             self.engine.add_answer(answer)
             return answer
 
@@ -343,7 +354,7 @@ class Session:
         if self._answer is not None:
             self._answer.interrupt(0)
         self._release.detach()
-        await self.engine.run(self.engine.release, self._slot)
+        await self._run(self.engine.release, self._slot)
         self._conversation = None
 
     def _check_open(self) -> None:
@@ -354,7 +365,7 @@ class Session:
 def _release_later(engine: Engine, slot: Slot) -> None:
     """A session was dropped without `close()`: give its slot back on the worker."""
     try:
-        engine._worker.submit(lambda: engine.release(slot))
+        engine._worker.submit(lambda: engine.release(slot), key=slot.index)
     except RuntimeError:  # the engine is closed
         pass
 

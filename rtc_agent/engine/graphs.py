@@ -104,18 +104,20 @@ class DeviceCopy:
             self.event.synchronize()
 
 
-def begin_rows(view: StaticKVCache, caches: list[StaticKVCache | None], staging: DeviceCopy) -> torch.Tensor:
+def begin_rows(view: StaticKVCache, caches: list[StaticKVCache | None], staging: DeviceCopy,
+               counts: list[int] | None = None) -> torch.Tensor:
     """Before a batched step over `view` (the first len(caches) rows of a batched cache): each row's own cache
-    (None: the row sits the step out and writes to the scratch position) takes one position, and `view`'s
-    positions and rope deltas are set on the device without waiting for the work queued before. `staging`:
-    (3, rows) of long. Returns the rows' active mask, on the device; `commit_rows` after the step."""
+    (None: the row sits the step out and writes to the scratch position) takes one position (`counts[i]` for a
+    prefill), and `view`'s positions and rope deltas are set on the device without waiting for the work queued
+    before. `staging`: (3, rows) of long. Returns the rows' active mask, on the device; `commit_rows` after the
+    step."""
     count = len(caches)
     staging.wait_sent()
     host = staging.host
     host[0], host[1], host[2] = view.scratch, 0, 0
     for i, cache in enumerate(caches):
         if cache is not None:
-            cache.begin(1)
+            cache.begin(counts[i] if counts is not None else 1)
             host[0, i], host[1, i], host[2, i] = cache.length, cache.rope_delta, 1
     inputs = staging.send()
     view.position.copy_(inputs[0, :count])

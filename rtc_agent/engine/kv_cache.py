@@ -106,13 +106,17 @@ class StaticKVCache:
 
     def graph_step(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [batch, count] and mask [batch, 1, count, keys] for `count` queries per row starting at the
-        row's `self.position`, with fixed shapes: keys are the whole buffer, masked. This is what a captured step
+        row's `self.position` (at most the scratch position), with fixed shapes: keys are the whole buffer, masked. This is what a captured step
         records; `length` is advanced by the caller."""
-        self.graph_positions = self.position[:, None] + torch.arange(count, device=self.position.device)
+        # Positions past the buffer (a padded prefill's padding near the end, a row that sits a prefill out at
+        # the scratch position) all land on the scratch position.
+        self.graph_positions = (self.position[:, None] + torch.arange(count, device=self.position.device)).clamp_(
+            max=self.scratch)
         keys = self._key_index
         self._visible = None
         if not self.position.is_cuda:  # not captured: attend over the keys up to the furthest row's query only,
-            self._visible = int(self.graph_positions.max()) + 1  # as an eager forward does (same arithmetic)
+            live = self.graph_positions[self.graph_positions < self.scratch]  # as an eager forward does (same
+            self._visible = int(live.max()) + 1 if live.numel() else self.scratch + 1  # arithmetic)
             keys = keys[:self._visible]
         queries = self.graph_positions[:, :, None]
         mask = keys <= queries

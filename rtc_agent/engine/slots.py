@@ -19,7 +19,7 @@ import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
-from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
+from .graphs import PREFILL_GRAPH_POSITIONS, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_noise
@@ -116,6 +116,20 @@ class Slot:
         self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
 
 
+@dataclass
+class PrefillRequest:
+    """A short Thinker prefill at the end of one slot's context: sequential positions, at most
+    `PREFILL_GRAPH_POSITIONS` of them. A session's job hands it to the worker (`yield`), which runs the requests
+    of several sessions as one batched step (`SlotPool.prefill`) and sends back (hidden, captured)."""
+
+    slot: Slot
+    embeds: torch.Tensor  # [1, T, hidden]
+
+    @staticmethod
+    def fits(cache: StaticKVCache, count: int) -> bool:
+        return count <= PREFILL_GRAPH_POSITIONS and cache.length + count <= cache.max_len
+
+
 class SlotPool:
     def __init__(self, core, count: int) -> None:
         self.core = core
@@ -142,6 +156,8 @@ class SlotPool:
             self.frame_samples = HostCopy((count, FRAME_SAMPLES), torch.float32, core.device)
         self._views: dict[int, StaticKVCache] = {}
         self._thinker_steps: dict[int, CapturedStep] = {}
+        self._prefill_steps: dict[int, CapturedStep] = {}  # batched prefills, per batch size of 2 rows or more
+        self._prefill_inputs = DeviceCopy((3, count), torch.long, core.device)
         self.slots = [self._make_slot(index) for index in range(count)]
         self._free = list(range(count))
         self._lock = threading.Lock()  # slots are taken on the event loop and given back on the worker
@@ -168,6 +184,8 @@ class SlotPool:
         """The batched steps for every batch size (CUDA graphs on the GPU), so no call captures any."""
         for rows in batch_sizes(len(self.slots)):
             self._thinker_step(rows)
+            if rows > 1:
+                self._prefill_step(rows)
             if self.talker is not None:
                 self.talker.capture(rows, talker_sampling, predictor_sampling)
                 self.code2wav.capture(rows)
@@ -196,8 +214,7 @@ class SlotPool:
 
     def _thinker_step(self, rows: int) -> CapturedStep:
         if rows not in self._thinker_steps:
-            view = self._views.setdefault(rows, self.cache.batch_view(rows))
-            view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
+            view = self._view(rows, capture=True)
 
             def logits(ids: torch.Tensor) -> torch.Tensor:
                 lm = self.core.model.thinker.model.language_model
@@ -208,6 +225,53 @@ class SlotPool:
                                                                          device=self.core.device),
                                                      stream=self.side_stream, graph=self.graphs)
         return self._thinker_steps[rows]
+
+    def _view(self, rows: int, capture: bool = False) -> StaticKVCache:
+        """The first `rows` rows of the Thinker's cache as one cache; for a `capture`, every row at the scratch
+        position, so the capture's writes land there."""
+        if rows not in self._views:
+            self._views[rows] = self.cache.batch_view(rows)
+        view = self._views[rows]
+        if capture:
+            view.position.fill_(view.scratch)
+        return view
+
+    def _prefill_step(self, rows: int) -> CapturedStep:
+        if rows not in self._prefill_steps:
+            view = self._view(rows, capture=True)
+            hidden = self.core.model.config.thinker_config.text_config.hidden_size
+            example = torch.zeros(rows, PREFILL_GRAPH_POSITIONS, hidden, dtype=self.core.dtype, device=self.core.device)
+            self._prefill_steps[rows] = CapturedStep(lambda e: self.thinker_stack(e, view), example,
+                                                     graph=self.graphs)
+        return self._prefill_steps[rows]
+
+    def prefill(self, requests: list[PrefillRequest]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run short Thinker prefills of distinct slots; returns each one's (hidden, captured) [1, T, hidden].
+
+        One request runs alone (its slot's graph, or eagerly on the CPU). Several run as one batched step over the
+        first rows, each row appended at its own length, padded to `PREFILL_GRAPH_POSITIONS` (the padding lands
+        past the row's length or on the scratch position, where masks hide it); rows without a request sit out
+        on the scratch position. The experts' weights are read once for all of them: a turn end that comes to
+        eight callers at once costs about what one costs."""
+        if len(requests) == 1:
+            slot, embeds = requests[0].slot, requests[0].embeds
+            if slot.prefill is not None and slot.prefill.fits(embeds.shape[1]):
+                return [slot.prefill(embeds)]
+            return [self.thinker_stack(embeds, slot.cache, graph_mode=False)]
+        rows = rows_for(max(r.slot.index for r in requests), len(self.slots))
+        step = self._prefill_step(rows)
+        embeds = requests[0].embeds.new_zeros(rows, PREFILL_GRAPH_POSITIONS, requests[0].embeds.shape[-1])
+        caches: list[StaticKVCache | None] = [None] * rows
+        counts = [0] * rows
+        for r in requests:
+            count = r.embeds.shape[1]
+            embeds[r.slot.index, :count] = r.embeds[0]
+            caches[r.slot.index], counts[r.slot.index] = r.slot.cache, count
+        begin_rows(self._view(rows), caches, self._prefill_inputs, counts)
+        hidden, captured = step(embeds)
+        commit_rows(caches)
+        return [(hidden[i:i + 1, :counts[i]], captured[i:i + 1, :counts[i]])
+                for i in (r.slot.index for r in requests)]
 
     def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool) -> None:
         """Queue the next Thinker token of a batch: `rows[i]` is (slot, previous token, generator) for row i, or
@@ -221,7 +285,7 @@ class SlotPool:
             self._ids.host[i, 0] = row[1] if row is not None else 0
         stream = self.side_stream if overlap else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            begin_rows(self._views[count], caches, self._step_inputs)
+            begin_rows(self._view(count), caches, self._step_inputs)
             logits = step(self._ids.send()[:count])
             self._tokens.start(choose_rows(logits, [r and r[2] for r in rows], samplings))
         commit_rows(caches)

@@ -9,22 +9,31 @@ piece of caller audio, take well under a millisecond; a prefill takes tens), and
 least `MIN_LEAD_S` of speech ahead of its playout; an answer closer to its deadline gets the next step first, so
 a caller listening to an answer never hears a late frame because another caller started talking, while the
 callers who are talking still have their audio taken in.
+
+A job may be a generator (a session's turn work, see `Conversation`): it yields `PrefillRequest`s. The worker
+then starts every queued job of the other sessions too, up to their first request, and runs all the requests
+as one batched prefill (`prefill`), round after round until the jobs are done. Eight callers who end their
+turns at the same moment so cost one prefill's weight reads instead of eight. A session's jobs keep their
+order: a job waits while an earlier one of the same session (its `key`) is in a round.
 """
 from __future__ import annotations
 
 import heapq
+import inspect
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .answer import Answer
 from .memory import EngineOutOfMemory
+from .slots import PrefillRequest
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +42,30 @@ MIN_LEAD_S = 0.24  # three frames: below this an answer's next frame goes before
 JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to its deadline
 
 
+@dataclass(order=True)
+class _Job:
+    priority: int
+    order: int
+    fn: Callable[[], Any] = field(compare=False)
+    future: Future = field(compare=False)
+    key: Any = field(compare=False)  # the session it belongs to (None: none)
+
+
+@dataclass
+class _Waiting:
+    """A generator job waiting for its prefill request to run."""
+
+    job: _Job
+    work: Generator[PrefillRequest, Any, Any]
+    request: PrefillRequest
+
+
 class Worker:
-    def __init__(self, name: str, step: Callable[[list[Answer]], None]) -> None:
+    def __init__(self, name: str, step: Callable[[list[Answer]], None],
+                 prefill: Callable[[list[PrefillRequest]], list[Any]]) -> None:
         self._step = step
-        self._jobs: list[tuple[int, int, Callable[[], Any], Future]] = []
+        self._prefill = prefill
+        self._jobs: list[_Job] = []
         self._order = itertools.count()
         self._answers: list[Answer] = []  # touched on the worker thread only
         self._slice_spent = 0.0  # job time since the last step
@@ -45,13 +74,14 @@ class Worker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], Any], priority: int = NORMAL) -> Future:
-        """Run `fn()` on the worker (under inference mode); the future holds its result."""
+    def submit(self, fn: Callable[[], Any], priority: int = NORMAL, key: Any = None) -> Future:
+        """Run `fn()` on the worker (under inference mode); the future holds its result (a generator's return
+        value, for a generator job). `key`: the session the job belongs to (its jobs run in order)."""
         future: Future = Future()
         with self._wake:
             if self._closed:
                 raise RuntimeError("the engine is closed")
-            heapq.heappush(self._jobs, (priority, next(self._order), fn, future))
+            heapq.heappush(self._jobs, _Job(priority, next(self._order), fn, future, key))
             self._wake.notify()
         return future
 
@@ -62,26 +92,28 @@ class Worker:
     def close(self) -> None:
         with self._wake:
             self._closed = True
-            for *_, future in self._jobs:
-                future.cancel()
+            for job in self._jobs:
+                job.future.cancel()
             self._jobs.clear()
             self._wake.notify()
 
-    def _next(self) -> tuple[Callable[[], Any], Future] | None:
+    def _next(self) -> _Job | None:
         """The next job, or None for a step of the answers (waits while there is nothing to do)."""
         with self._wake:
             while True:
                 if self._closed:
                     raise _Closed
                 if self._jobs:
-                    now = time.perf_counter()
-                    lead = min((a.lead_s(now) for a in self._answers), default=MIN_LEAD_S)
-                    if self._jobs[0][0] == URGENT or lead >= MIN_LEAD_S or self._slice_spent < JOB_SLICE_S:
-                        *_, fn, future = heapq.heappop(self._jobs)
-                        return fn, future
+                    if self._jobs[0].priority == URGENT or not self._step_due():
+                        return heapq.heappop(self._jobs)
                 if self._answers:
                     return None
                 self._wake.wait()
+
+    def _step_due(self) -> bool:
+        """Whether an answer is so close to its playout that its next frame goes before more jobs."""
+        lead = min((a.lead_s(time.perf_counter()) for a in self._answers), default=MIN_LEAD_S)
+        return lead < MIN_LEAD_S and self._slice_spent >= JOB_SLICE_S
 
     def _loop(self) -> None:
         with torch.inference_mode():
@@ -91,18 +123,77 @@ class Worker:
                 except _Closed:
                     return
                 if job is None:
-                    self._advance()
-                    self._slice_spent = 0.0
-                    continue
-                fn, future = job
-                if not future.set_running_or_notify_cancel():
+                    self._step_answers()
                     continue
                 started = time.perf_counter()
-                try:
-                    future.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001  (handed to whoever waits for the job)
-                    future.set_exception(exc)
+                waiting: dict[Any, _Waiting] = {}
+                self._start(job, waiting)
+                while waiting:  # prefill rounds, until every generator job taken in is done
+                    self._join(waiting)
+                    self._round(waiting)
+                    if waiting and self._step_due():
+                        self._step_answers()
+                        started = time.perf_counter()
                 self._slice_spent += time.perf_counter() - started
+
+    def _step_answers(self) -> None:
+        self._advance()
+        self._slice_spent = 0.0
+
+    def _start(self, job: _Job, waiting: dict[Any, _Waiting]) -> None:
+        """Run `job` up to its first prefill request (then it waits in `waiting`), or to its end."""
+        if not job.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = job.fn()
+            if inspect.isgenerator(result):
+                self._resume(job, result, None, waiting)
+            else:
+                job.future.set_result(result)
+        except BaseException as exc:  # noqa: BLE001  (handed to whoever waits for the job)
+            job.future.set_exception(exc)
+
+    def _resume(self, job: _Job, work: Generator, sent: Any, waiting: dict[Any, _Waiting],
+                error: BaseException | None = None) -> None:
+        """Send `work` the result of its request (or throw `error` in); it waits again or is done."""
+        try:
+            request = work.throw(error) if error is not None else work.send(sent)
+        except StopIteration as stop:
+            job.future.set_result(stop.value)
+        except BaseException as exc:  # noqa: BLE001
+            job.future.set_exception(exc)
+        else:
+            waiting[job.key if job.key is not None else id(job)] = _Waiting(job, work, request)
+
+    def _join(self, waiting: dict[Any, _Waiting]) -> None:
+        """Start the queued jobs of sessions with no job in the round (each session's first only), in order."""
+        with self._wake:
+            taken, seen = [], set(waiting)
+            for job in sorted(self._jobs):
+                if job.key is None or job.key in seen:
+                    continue
+                seen.add(job.key)
+                taken.append(job)
+            if taken:
+                self._jobs = [job for job in self._jobs if job not in taken]
+                heapq.heapify(self._jobs)
+        for job in taken:
+            self._start(job, waiting)
+
+    def _round(self, waiting: dict[Any, _Waiting]) -> None:
+        """One batched prefill of every waiting request; each job goes on to its next request or its end."""
+        if not waiting:
+            return
+        entries = list(waiting.values())
+        waiting.clear()
+        try:
+            results = self._prefill([entry.request for entry in entries])
+        except Exception as exc:  # noqa: BLE001  (each job's own handler sees the error)
+            for entry in entries:
+                self._resume(entry.job, entry.work, None, waiting, error=exc)
+            return
+        for entry, result in zip(entries, results):
+            self._resume(entry.job, entry.work, result, waiting)
 
     def _advance(self) -> None:
         try:

@@ -71,5 +71,7 @@ def test_chromium_relay_only_call_through_coturn(net: Any, start_server: Callabl
         turn.wait(10)
     assert result["offered"] and all(" typ relay " in c for c in result["offered"]), dump(result)
     assert result["local"] == "relay", dump(result)
-    assert result["response_status"] == "completed" and result["frames"] > 0, dump(result)
+    # The answer streamed through the relay; it may be cut by the caller's next utterance (the WAV loops), as in
+    # test_call_page, which CI's loaded machine showed once.
+    assert result["response_status"] in ("completed", "cancelled") and result["frames"] > 0, dump(result)
     assert result["packets"] > 10, dump(result)
