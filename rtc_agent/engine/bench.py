@@ -307,7 +307,7 @@ def _sync(engine: Engine) -> None:
 def _device_name(engine: Engine) -> str:
     if engine.device.type == "cuda":
         return torch.cuda.get_device_name(engine.device)
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({engine.options.cpu_threads} engine threads)"
 
 
 def _round(value: float | None) -> float | None:

@@ -62,7 +62,8 @@ class Engine:
             defaults = SessionOptions()
             self.pool.capture(defaults.talker_sampling, defaults.predictor_sampling)
         log.info("%d session slots ready in %.1f s", len(self.pool), time.perf_counter() - started)
-        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.pool.prefill)
+        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.pool.prefill,
+                              threads=options.cpu_threads if self.device.type == "cpu" else None)
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions()) -> "Engine":

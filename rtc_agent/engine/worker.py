@@ -62,8 +62,10 @@ class _Waiting:
 
 class Worker:
     def __init__(self, name: str, step: Callable[[list[Answer]], None],
-                 prefill: Callable[[list[PrefillRequest]], list[Any]]) -> None:
+                 prefill: Callable[[list[PrefillRequest]], list[Any]], threads: int | None = None) -> None:
+        """`threads`: torch's intra-op threads for this thread's work (a CPU engine); None: torch's default."""
         self._step = step
+        self._threads = threads
         self._prefill = prefill
         self._jobs: list[_Job] = []
         self._order = itertools.count()
@@ -116,6 +118,8 @@ class Worker:
         return lead < MIN_LEAD_S and self._slice_spent >= JOB_SLICE_S
 
     def _loop(self) -> None:
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)  # (per thread: the event loop's thread keeps its own)
         with torch.inference_mode():
             while True:
                 try:

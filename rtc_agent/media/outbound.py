@@ -10,6 +10,12 @@ the receiver's clock never stops, so nothing bursts when speech resumes, and an 
 at most 20 ms for its slot instead of up to 80. Once an answer's audio has been sent (or cut), one more 80 ms
 packet of zeros flushes the encoder's look-ahead, so the answer's last milliseconds are heard and the next
 answer starts from silence.
+
+Mid-answer, a frame that is not ready at its moment gets up to `LATE_GRACE_S` more before its slot goes out as
+80 ms of zeros: a frame a little late (an engine at about real time on a busy CPU, the first frames of an answer
+before it has any lead) then reaches the caller as network jitter of that size does, which the receiver's
+jitter buffer absorbs, instead of as a hole of 80 ms. Its RTP timestamp is its slot's, and the packets after it
+keep the schedule.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ IDLE_STEP = 960  # 20 ms at 48 kHz: a silence packet between answers
 PACKET_S = FRAME_SAMPLES / SAMPLE_RATE
 RTP_TIME_BASE = fractions.Fraction(1, RTP_RATE)
 MAX_LAG_S = 0.25  # further behind than this (the event loop stalled): restart the clock instead of bursting
+LATE_GRACE_S = 0.04  # how long a mid-answer frame may be late before its slot goes out as a gap
 
 
 class Playout:
@@ -43,7 +50,7 @@ class Playout:
         self._changed = asyncio.Event()  # a frame was queued, or the answer finished
         self.frames_made = 0
         self.frames_sent = 0
-        self.frames_late = 0  # sent after a silence packet filled its slot (the engine was slower than real time)
+        self.frames_late = 0  # sent after a silence packet filled its slot: ready more than LATE_GRACE_S after it
         self.frames_dropped = 0  # never sent: the answer was interrupted
         self.first_packet_at: float | None = None  # time.monotonic() when the first frame was handed to RTP
         self.interrupted = False
@@ -78,6 +85,19 @@ class Playout:
     @property
     def queued(self) -> int:
         return len(self._frames)
+
+    async def wait_for_frame(self, timeout_s: float) -> None:
+        """Mid-answer with no frame queued: wait up to `timeout_s` for the next frame (or the answer's end)."""
+        deadline = time.monotonic() + timeout_s
+        while self.first_packet_at is not None and not self._frames and not self._finished:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return
 
     async def changed(self) -> None:
         """Waits until a frame is queued or the answer finishes (for a consumer that is not clocked)."""
@@ -192,6 +212,8 @@ class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
             await asyncio.sleep(due - now)
         elif now - due > MAX_LAG_S:  # the loop stalled: carry on from now rather than catch up in a burst
             self._start = now - self._pts / RTP_RATE
+        if self._playout is not None:
+            await self._playout.wait_for_frame(LATE_GRACE_S)
         frame = self._take()
         if frame is not None:
             packet, step = self._encoder.encode(frame), PACKET_STEP
