@@ -9,6 +9,8 @@ import pytest
 
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from rtc_agent.engine import EngineFullError
+from rtc_agent.engine.audio_input import AudioRequest
+from rtc_agent.engine.slots import PrefillRequest
 
 TOKENS, FRAMES = 6, 10
 
@@ -108,8 +110,9 @@ def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():
 
 
 def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
-    """Three callers whose audio chunks and turn ends reach the worker at the same moment: their prefills run as
-    batched steps (rows at different cache lengths), and each answer equals the one made alone."""
+    """Three callers whose audio chunks and turn ends reach the worker at the same moment: their audio is encoded
+    in one pass and their prefills run as batched steps (rows at different cache lengths), and each answer equals
+    the one made alone."""
     engine = engine_for(prefill_chunk_s=0.5)
     audios = [caller_audio(1.7, seed=6), caller_audio(1.1, seed=7), caller_audio(2.3, seed=8)]
     alone = []
@@ -118,14 +121,15 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
         alone.append(_answer(run(one_turn(session, audio))))
         run(session.close())
     worker = engine._worker
-    batches: list[int] = []
-    prefill = worker._prefill
+    rounds: list[tuple[int, int]] = []  # (audio stretches, prefills) of each round
+    run_requests = worker._run_requests
 
     def recording(requests):
-        batches.append(len(requests))
-        return prefill(requests)
+        rounds.append((sum(isinstance(r, AudioRequest) for r in requests),
+                       sum(isinstance(r, PrefillRequest) for r in requests)))
+        return run_requests(requests)
 
-    worker._prefill = recording
+    worker._run_requests = recording
     sessions = [engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES)) for _ in audios]
     try:
         async def together():
@@ -142,8 +146,8 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
 
         batched = [_answer(result) for result in run(together())]
     finally:
-        worker._prefill = prefill
+        worker._run_requests = run_requests
         for session in sessions:
             run(session.close())
-    assert max(batches) == len(audios), batches  # the chunks of all three in one step
+    assert (len(audios), 0) in rounds and (0, len(audios)) in rounds, rounds  # all three's chunks at once
     assert batched == alone

@@ -5,6 +5,8 @@ encoded piece by piece while the caller is still talking.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -34,12 +36,23 @@ def log_mel(feature_extractor, samples: np.ndarray) -> torch.Tensor:
     return out["input_features"][0, :, :frames]
 
 
-def encode(thinker, features: torch.Tensor) -> torch.Tensor:
-    """Audio-encoder output [tokens, hidden] for log-mel `features` [mel_bins, frames] (one attention window)."""
+@dataclass
+class AudioRequest:
+    """A stretch of caller audio to encode, as a session's job hands it to the worker (`yield`): the worker
+    encodes the requests of several sessions in one pass (`encode`) and sends back each one's output."""
+
+    features: torch.Tensor  # log-mel [mel_bins, frames]
+
+
+def encode(thinker, features: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Audio-encoder outputs [tokens, hidden] for stretches of log-mel `features` [mel_bins, frames], each its own
+    attention window, in one pass of the encoder (it takes several audios at once: its convolutions run on
+    zero-padded 1 s chunks either way, and attention stays within each audio)."""
     tower = thinker.model.audio_tower
-    feats = features.to(device=tower.device, dtype=tower.dtype)
-    lengths = torch.tensor([feats.shape[1]], device=tower.device)
-    return tower(feats, feature_lens=lengths, return_dict=True).last_hidden_state
+    feats = torch.cat(features, dim=1).to(device=tower.device, dtype=tower.dtype)
+    lengths = torch.tensor([f.shape[1] for f in features], device=tower.device)
+    out = tower(feats, feature_lens=lengths, return_dict=True).last_hidden_state
+    return list(out.split([token_count(f.shape[1], tower.n_window) for f in features]))
 
 
 def token_count(frames: int, n_window: int = 50) -> int:

@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -103,17 +103,17 @@ class TokenIds:
 
 
 T = TypeVar("T")
-Prefilling = Generator[PrefillRequest, tuple[torch.Tensor, torch.Tensor], T]  # see `Conversation`
+Prefilling = Generator[PrefillRequest | audio_input.AudioRequest, Any, T]  # see `Conversation`
 
 
 class Conversation:
     """One call's context in its session slot: the conversation so far (kept so the cache can be rebuilt), the
     caller's turn being prefilled, and the start and end of each answer (`begin_answer`, `close`).
 
-    The methods that take in the caller's turn (`add_audio`, `flush`, `begin_answer`) are generators: each short
-    Thinker prefill they need is yielded as a `PrefillRequest`, and the worker sends back its (hidden, captured)
-    once it has run it, batched with the requests of other sessions that came at the same moment. The worker
-    drives them; `run_now` drives one here and now."""
+    The methods that take in the caller's turn (`add_audio`, `flush`, `begin_answer`) are generators: each stretch
+    of audio to encode is yielded as an `AudioRequest` and each short Thinker prefill as a `PrefillRequest`, and
+    the worker sends back the result once it has run it, batched with the requests of other sessions that came at
+    the same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one here and now."""
 
     def __init__(self, core, slot: Slot, options: SessionOptions) -> None:
         self.core = core
@@ -156,7 +156,8 @@ class Conversation:
         chunk = int(self.core.options.prefill_chunk_s * INPUT_SAMPLE_RATE)
         while chunk and len(self.pending) >= chunk:
             piece, self.pending = self.pending[:chunk], self.pending[chunk:]
-            yield from self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
+            opening = self._open_turn()
+            yield from self._prefill_turn([*opening, (yield from self._audio_piece(piece))])
 
     def flush(self) -> Prefilling[None]:
         """Prefill the caller audio still pending now, a chunk shorter than `prefill_chunk_s` (the caller paused:
@@ -164,7 +165,8 @@ class Conversation:
         `prefill_chunk_s` 0, which means prefilling the whole turn at its end."""
         if self.core.options.prefill_chunk_s and len(self.pending) >= audio_input.MEL_HOP:
             piece, self.pending = self.pending, np.zeros(0, dtype=np.float32)
-            yield from self._prefill_turn([*self._open_turn(), self._audio_piece(piece)])
+            opening = self._open_turn()
+            yield from self._prefill_turn([*opening, (yield from self._audio_piece(piece))])
 
     def add_image(self, image: np.ndarray, at: float) -> None:
         """A caller video frame captured at media-clock time `at`; it waits for the turn of its moment."""
@@ -252,10 +254,10 @@ class Conversation:
         ids = [self.ids.im_start, self.ids.user, self.ids.newline, *rest]
         return [Piece(ids, [np.arange(len(ids))[None].repeat(3, 0)])]
 
-    def _audio_piece(self, samples: np.ndarray) -> Piece:
+    def _audio_piece(self, samples: np.ndarray) -> Prefilling[Piece]:
         """Encode a stretch of the turn's audio, with the video seconds that start in it."""
         features = audio_input.log_mel(self.core.feature_extractor, samples)
-        encoded = audio_input.encode(self.core.model.thinker, features)
+        encoded = yield audio_input.AudioRequest(features)
         turn, per_second = self.turn, self.turn.layout.per_second
         seconds: list = []
         if turn.layout.video:
@@ -332,7 +334,7 @@ class Conversation:
         try:
             request = next(work)
             while True:
-                request = work.send(self.core.pool.prefill([request])[0])
+                request = work.send(self.core.run_requests([request])[0])
         except StopIteration as stop:
             return stop.value
 
@@ -427,7 +429,7 @@ class Conversation:
         else:
             pieces = self._open_turn()
             if len(tail) >= audio_input.MEL_HOP:
-                pieces.append(self._audio_piece(tail))
+                pieces.append((yield from self._audio_piece(tail)))
             pieces.append(self.turn.layout.closing(header, typed))
         last = yield from self._prefill_turn(pieces, trailer=len(header))
         logits = self.core.model.thinker.lm_head(last)

@@ -26,7 +26,7 @@ from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .loader import LoadedModel, load
 from .memory import EngineOutOfMemory, MemoryUse, read_memory
 from .options import EngineOptions, SessionOptions
-from .slots import Slot, SlotPool, estimated_slot_bytes, slot_count
+from .slots import PrefillRequest, Slot, SlotPool, estimated_slot_bytes, slot_count
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Engine:
             defaults = SessionOptions()
             self.pool.capture(defaults.talker_sampling, defaults.predictor_sampling)
         log.info("%d session slots ready in %.1f s", len(self.pool), time.perf_counter() - started)
-        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.pool.prefill,
+        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.run_requests,
                               threads=options.cpu_threads if self.device.type == "cpu" else None)
 
     @classmethod
@@ -98,6 +98,20 @@ class Engine:
         [rows, T, hidden]."""
         lm = self.model.thinker.model.language_model
         return self.project_text(lm.embed_tokens(torch.tensor(ids, device=self.device)))
+
+    def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest]) -> list[Any]:
+        """One round of the worker's batched work, results in order: every stretch of audio in one pass of the
+        audio encoder, then every prefill in one batched step (distinct slots)."""
+        results: list[Any] = [None] * len(requests)
+        for kind, run in ((audio_input.AudioRequest, self._encode), (PrefillRequest, self.pool.prefill)):
+            index = [i for i, r in enumerate(requests) if isinstance(r, kind)]
+            if index:
+                for i, result in zip(index, run([requests[i] for i in index])):
+                    results[i] = result
+        return results
+
+    def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
+        return audio_input.encode(self.model.thinker, [r.features for r in requests])
 
     def speaker_id(self, voice: str) -> int:
         return self.model.config.talker_config.speaker_id[voice]

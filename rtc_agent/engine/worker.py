@@ -10,11 +10,12 @@ least `MIN_LEAD_S` of speech ahead of its playout; an answer closer to its deadl
 a caller listening to an answer never hears a late frame because another caller started talking, while the
 callers who are talking still have their audio taken in.
 
-A job may be a generator (a session's turn work, see `Conversation`): it yields `PrefillRequest`s. The worker
-then starts every queued job of the other sessions too, up to their first request, and runs all the requests
-as one batched prefill (`prefill`), round after round until the jobs are done. Eight callers who end their
-turns at the same moment so cost one prefill's weight reads instead of eight. A session's jobs keep their
-order: a job waits while an earlier one of the same session (its `key`) is in a round.
+A job may be a generator (a session's turn work, see `Conversation`): it yields requests (audio to encode, a
+short prefill). The worker then starts every queued job of the other sessions too, up to their first request,
+and runs all the requests as one round (`run_requests`: one pass of the audio encoder, one batched prefill),
+round after round until the jobs are done. Eight callers who end their turns at the same moment so cost about
+one turn end's launches and weight reads instead of eight. A session's jobs keep their order: a job waits while
+an earlier one of the same session (its `key`) is in a round.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ import torch
 
 from .answer import Answer
 from .memory import EngineOutOfMemory
-from .slots import PrefillRequest
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +53,21 @@ class _Job:
 
 @dataclass
 class _Waiting:
-    """A generator job waiting for its prefill request to run."""
+    """A generator job waiting for its request to run."""
 
     job: _Job
-    work: Generator[PrefillRequest, Any, Any]
-    request: PrefillRequest
+    work: Generator[Any, Any, Any]
+    request: Any
 
 
 class Worker:
     def __init__(self, name: str, step: Callable[[list[Answer]], None],
-                 prefill: Callable[[list[PrefillRequest]], list[Any]], threads: int | None = None) -> None:
-        """`threads`: torch's intra-op threads for this thread's work (a CPU engine); None: torch's default."""
+                 run_requests: Callable[[list[Any]], list[Any]], threads: int | None = None) -> None:
+        """`run_requests`: runs one round of the generator jobs' requests, results in order. `threads`: torch's
+        intra-op threads for this thread's work (a CPU engine); None: torch's default."""
         self._step = step
         self._threads = threads
-        self._prefill = prefill
+        self._run_requests = run_requests
         self._jobs: list[_Job] = []
         self._order = itertools.count()
         self._answers: list[Answer] = []  # touched on the worker thread only
@@ -132,9 +133,12 @@ class Worker:
                 started = time.perf_counter()
                 waiting: dict[Any, _Waiting] = {}
                 self._start(job, waiting)
-                while waiting:  # prefill rounds, until every generator job taken in is done
+                while waiting:  # rounds, until every generator job taken in is done
                     self._join(waiting)
                     self._round(waiting)
+                    now = time.perf_counter()
+                    self._slice_spent += now - started
+                    started = now
                     if waiting and self._step_due():
                         self._step_answers()
                         started = time.perf_counter()
@@ -145,7 +149,7 @@ class Worker:
         self._slice_spent = 0.0
 
     def _start(self, job: _Job, waiting: dict[Any, _Waiting]) -> None:
-        """Run `job` up to its first prefill request (then it waits in `waiting`), or to its end."""
+        """Run `job` up to its first request (then it waits in `waiting`), or to its end."""
         if not job.future.set_running_or_notify_cancel():
             return
         try:
@@ -185,13 +189,13 @@ class Worker:
             self._start(job, waiting)
 
     def _round(self, waiting: dict[Any, _Waiting]) -> None:
-        """One batched prefill of every waiting request; each job goes on to its next request or its end."""
+        """One round of every waiting request; each job goes on to its next request or its end."""
         if not waiting:
             return
         entries = list(waiting.values())
         waiting.clear()
         try:
-            results = self._prefill([entry.request for entry in entries])
+            results = self._run_requests([entry.request for entry in entries])
         except Exception as exc:  # noqa: BLE001  (each job's own handler sees the error)
             for entry in entries:
                 self._resume(entry.job, entry.work, None, waiting, error=exc)

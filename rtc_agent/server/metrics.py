@@ -28,9 +28,9 @@ class Metrics:
         self.memory_guard = Gauge("rtc_agent_memory_guard_active", "1 while GPU memory use is above "
                                   "--memory-guard-pct (no new calls)", registry=r)
         self.drop_ratio = Gauge("drop_audio_frame_ratio",
-                                "Answer frames not sent in time (sent after a silence packet filled their 80 ms slot: "
-                                "the engine was slower than real time) / answer frames made; the network does not "
-                                "enter it", registry=r)
+                                "Answer frames not sent in time (made more than 40 ms after their 80 ms slot, which "
+                                "a silence packet filled: the engine was slower than real time) / answer frames made; "
+                                "the network does not enter it", registry=r)
         self.input_packets = Counter("rtc_agent_input_audio_packets",
                                      "Caller audio packets that arrived, by what the server did with them: kept "
                                      "(decoded) or dropped (arrived after a newer one: reordered or duplicated)",
