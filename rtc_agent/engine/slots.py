@@ -154,7 +154,9 @@ class SlotPool:
             groups = model.config.talker_config.num_code_groups
             self.frame_codes = HostCopy((count, groups), torch.long, core.device)
             self.frame_samples = HostCopy((count, FRAME_SAMPLES), torch.float32, core.device)
-        self._views: dict[int, StaticKVCache] = {}
+        self._views: dict[int, StaticKVCache] = {}  # per batch size, for the decode steps
+        self._prefill_views: dict[int, StaticKVCache] = {}  # and for the prefills: positions of their own, as a
+        # prefill on the main stream may still run when the next decode step (side stream) sets its positions
         self._thinker_steps: dict[int, CapturedStep] = {}
         self._prefill_steps: dict[int, CapturedStep] = {}  # batched prefills, per batch size of 2 rows or more
         self._prefill_inputs = DeviceCopy((3, count), torch.long, core.device)
@@ -226,19 +228,20 @@ class SlotPool:
                                                      stream=self.side_stream, graph=self.graphs)
         return self._thinker_steps[rows]
 
-    def _view(self, rows: int, capture: bool = False) -> StaticKVCache:
-        """The first `rows` rows of the Thinker's cache as one cache; for a `capture`, every row at the scratch
-        position, so the capture's writes land there."""
-        if rows not in self._views:
-            self._views[rows] = self.cache.batch_view(rows)
-        view = self._views[rows]
+    def _view(self, rows: int, capture: bool = False, prefill: bool = False) -> StaticKVCache:
+        """The first `rows` rows of the Thinker's cache as one cache (one for decode steps, one for prefills); for a
+        `capture`, every row at the scratch position, so the capture's writes land there."""
+        views = self._prefill_views if prefill else self._views
+        if rows not in views:
+            views[rows] = self.cache.batch_view(rows)
+        view = views[rows]
         if capture:
             view.position.fill_(view.scratch)
         return view
 
     def _prefill_step(self, rows: int) -> CapturedStep:
         if rows not in self._prefill_steps:
-            view = self._view(rows, capture=True)
+            view = self._view(rows, capture=True, prefill=True)
             hidden = self.core.model.config.thinker_config.text_config.hidden_size
             example = torch.zeros(rows, PREFILL_GRAPH_POSITIONS, hidden, dtype=self.core.dtype, device=self.core.device)
             self._prefill_steps[rows] = CapturedStep(lambda e: self.thinker_stack(e, view), example,
@@ -267,7 +270,7 @@ class SlotPool:
             count = r.embeds.shape[1]
             embeds[r.slot.index, :count] = r.embeds[0]
             caches[r.slot.index], counts[r.slot.index] = r.slot.cache, count
-        begin_rows(self._view(rows), caches, self._prefill_inputs, counts)
+        begin_rows(self._view(rows, prefill=True), caches, self._prefill_inputs, counts)
         hidden, captured = step(embeds)
         commit_rows(caches)
         return [(hidden[i:i + 1, :counts[i]], captured[i:i + 1, :counts[i]])
