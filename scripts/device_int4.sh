@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# INT4 on a GPU machine (docs/PERFORMANCE.md, "INT4"): the quality check (check_int4) on the full-size synthetic
+# INT4 on a GPU machine (docs/PERFORMANCE.md, "INT4"): the quality check (checks/int4.py) on the full-size synthetic
 # model, then the engine bench with bf16 and with int4 weights in the same run (1 session, then SESSIONS at once).
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_int4.sh [STAGES]
 # STAGES: any of check bench batch video audio (default: check bench batch); QUANTS: the modes (default "none int4");
@@ -23,7 +23,7 @@ print(sys.argv[1], {k: o.get(k) for k in ("quantize", "sessions", "ttfp_ms", "tt
 PY
 }
 case " $stages " in *" check "*)
-    timeout 500 python3 -m rtc_agent.engine.check_int4 --model "$model" ${SWEEP:+--sweep} --out "$out/check.json" 2> "$out/check.err" \
+    timeout 500 python3 -m rtc_agent.engine.checks.int4 --model "$model" ${SWEEP:+--sweep} --out "$out/check.json" 2> "$out/check.err" \
         || tail -20 "$out/check.err";;
 esac
 case " $stages " in *" bench "*)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rtc_agent.engine import attention
+from rtc_agent.engine.kernels import attention
 from rtc_agent.engine.kv_cache import StaticKVCache
 from rtc_agent.engine.stack import run_stack
 

@@ -1,4 +1,4 @@
-"""INT4 weights (rtc_agent/engine/int4.py): the format, the quantized tiny model end to end, the synthetic model's
+"""INT4 weights (rtc_agent/engine/kernels/int4.py): the format, the quantized tiny model end to end, the synthetic model's
 int4 fill, and the Triton kernels' arithmetic under Triton's CPU interpreter against dequantize-then-matmul."""
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
-from rtc_agent.engine import check_int4, int4, loader, tiny
+from rtc_agent.engine import loader, tiny
+from rtc_agent.engine.checks import int4 as check_int4
+from rtc_agent.engine.kernels import int4
 
 
 @pytest.mark.parametrize("shape", [(40, 256), (3, 24, 384), (8, 64)])
@@ -95,7 +97,8 @@ def test_check_int4_reports_bounded_nonzero_errors(capsys):
 
 _INTERPRETER_CHECK = """
 import torch
-from rtc_agent.engine import int4, loader, moe
+from rtc_agent.engine import loader
+from rtc_agent.engine.kernels import int4, moe
 
 def rel(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import attention, audio_input, moe, norm, rotary, sampling
+from . import audio_input, sampling
+from .kernels import attention, moe, norm, rotary
 from .engine import FLUSH_AFTER_SILENCE_MS, Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from . import attention, audio_input, moe, norm, rotary, vision_input
+from . import audio_input, vision_input
+from .kernels import attention, moe, norm, rotary
 from .answer import Answer, tick
 from .conversation import Conversation, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .triton_support import tl, triton
+from .kernels.triton_support import tl, triton
 
 
 @dataclass(frozen=True)

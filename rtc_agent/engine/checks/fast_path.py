@@ -2,7 +2,7 @@
 kernels, the device-side frame loop) makes the same greedy answer as the eager path (layers one by one, the
 library's kernels) on one loaded model.
 
-    python -m rtc_agent.engine.check_fast_path --model synthetic:30b-a3b --tokens 32 --frames 32
+    python -m rtc_agent.engine.checks.fast_path --model synthetic:30b-a3b --tokens 32 --frames 32
 
 Both paths answer the same turn greedily. Where their answers part, bf16 rounding may have turned a near-tie the
 other way; to tell that from an error, the eager path answers once more, made to take the fast path's choices
@@ -23,14 +23,14 @@ import math
 import numpy as np
 import torch
 
-from . import conversation as conversation_module
-from . import slots as slots_module
-from . import talker as talker_module
-from .engine import Engine
-from .events import ResponseDone, SpeechFrame
-from .loader import load
-from .options import EngineOptions, SessionOptions
-from .sampling import penalised_scores
+from .. import conversation as conversation_module
+from .. import slots as slots_module
+from .. import talker as talker_module
+from ..engine import Engine
+from ..events import ResponseDone, SpeechFrame
+from ..loader import load
+from ..options import EngineOptions, SessionOptions
+from ..sampling import penalised_scores
 
 
 async def _answer(engine: Engine, audio: np.ndarray, tokens: int, frames: int):

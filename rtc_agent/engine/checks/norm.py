@@ -1,6 +1,6 @@
 """Checks and times the fused RMSNorm (norm.py) against the library's and `torch.nn.functional.rms_norm` (GPU).
 
-    python -m rtc_agent.engine.check_norm [--positions 1,32]
+    python -m rtc_agent.engine.checks.norm [--positions 1,32]
 
 No weights are loaded: the released architecture is built on the meta device to list its RMSNorms (class, width,
 eps, and for q_norm / k_norm the heads), and each is made again on the GPU in bf16 with random weights around 1 (so
@@ -23,8 +23,9 @@ import json
 import torch
 import torch.nn.functional as F
 
-from . import norm, tiny
-from .check_moe import graph_time_us
+from .. import tiny
+from ..kernels import norm
+from .moe import graph_time_us
 
 STACKS = {"thinker": "thinker.", "talker": "talker.model.", "code_predictor": "talker.code_predictor.",
           "code2wav": "code2wav."}

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from . import fast_path
-from .kv_cache import StaticKVCache, write_rows
+from ..kv_cache import StaticKVCache, write_rows
 from .triton_support import rounded, tl, triton
 
 # The library's attention classes in modeling_qwen3_omni_moe: the Thinker's and Talker's text stacks, the code

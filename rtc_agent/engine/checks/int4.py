@@ -1,6 +1,6 @@
 """How far INT4 weights (int4.py) move the model: per quantized layer, per decoder layer and at the logits.
 
-    python -m rtc_agent.engine.check_int4 --model synthetic:30b-a3b [--tokens 256] [--frames 64] [--sweep] [--out FILE]
+    python -m rtc_agent.engine.checks.int4 --model synthetic:30b-a3b [--tokens 256] [--frames 64] [--sweep] [--out FILE]
 
 One model in full precision, teacher-forced on the same inputs before and after `int4.quantize_model`:
 - the Thinker's language model on `--tokens` random regular tokens (the library's forward, no cache);
@@ -10,7 +10,7 @@ Prints one JSON object: for each quantized module kind (Thinker/Talker q, k, v, 
 for each decoder layer's output hidden state (the residual stream, errors accumulated from the first layer);
 the final logits' relative error; teacher-forced top-1 agreement of the Thinker's tokens and of the Talker's code 0;
 the weight bytes before and after. With `--sweep` (GPU): the tile sizes of the int4 decode kernels, timed as
-check_moe's sweep does (moe.TILES), and the block size of int4.rows_kernel on the Thinker's projections.
+checks.moe's sweep does (moe.TILES), and the block size of int4.rows_kernel on the Thinker's projections.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from . import int4, moe
-from .check_moe import graph_time_us, sweep_tiles
-from .loader import load
+from ..kernels import int4, moe
+from ..loader import load
+from .moe import graph_time_us, sweep_tiles
 
 
 def _relative(out: torch.Tensor, reference: torch.Tensor) -> float:
@@ -130,7 +130,7 @@ def check(model_spec: str, device: str, tokens: int, frames: int, tile_sweep: bo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rtc_agent.engine.check_int4", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rtc_agent.engine.checks.int4", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--tokens", type=int, default=256)

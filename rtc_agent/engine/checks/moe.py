@@ -1,6 +1,6 @@
 """Checks and times the single-token MoE path (moe.py) against the library's on one loaded model (GPU).
 
-    python -m rtc_agent.engine.check_moe --model synthetic:30b-a3b [--sweep] [--stages] [--out FILE]
+    python -m rtc_agent.engine.checks.moe --model synthetic:30b-a3b [--sweep] [--stages] [--out FILE]
 
 Prints one JSON object:
 - `blocks`: every Thinker and Talker MoE block on random unit-RMS tokens, fast vs library: largest absolute
@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from . import moe
-from .int4 import Int4Experts
-from .loader import load
+from ..kernels import moe
+from ..kernels.int4 import Int4Experts
+from ..loader import load
 
 
 def graph_time_us(fn, reps: int = 30, rounds: int = 1) -> float:
@@ -241,9 +241,9 @@ def talker_forced_check(model, steps: int = 32, prefix: int = 8) -> dict:
 
 
 async def _session_stages(loaded, fast_moe: bool) -> dict:
-    from .bench import _caller_turn, _stage_times, _system_prompt
-    from .engine import Engine
-    from .options import EngineOptions, SessionOptions
+    from ..bench import _caller_turn, _stage_times, _system_prompt
+    from ..engine import Engine
+    from ..options import EngineOptions, SessionOptions
 
     engine = Engine(loaded, EngineOptions(model=loaded.name, max_answer_tokens=16, max_frames=16, fast_moe=fast_moe))
     session = engine.new_session(SessionOptions(instructions=_system_prompt(engine.tokenizer, 200), seed=0,
@@ -264,9 +264,9 @@ async def _profile_thinker_step(loaded, steps: int = 3) -> dict:
     """Kernels of one eager Thinker decode step (fast MoE on): count and device time by kernel name."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .bench import _caller_turn
-    from .engine import Engine
-    from .options import EngineOptions, SessionOptions
+    from ..bench import _caller_turn
+    from ..engine import Engine
+    from ..options import EngineOptions, SessionOptions
 
     engine = Engine(loaded, EngineOptions(model=loaded.name, max_answer_tokens=16, max_frames=16, cuda_graphs=False))
     session = engine.new_session(SessionOptions(seed=0, max_answer_tokens=4, max_frames=4))
