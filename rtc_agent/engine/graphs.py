@@ -8,6 +8,7 @@ was captured with: the engine captures them once at start-up, per session slot (
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -19,10 +20,12 @@ class CapturedStep:
     CPU) it calls `fn` directly: the same step runs eagerly, so CPU tests run the code the GPU graphs run."""
 
     def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *example_inputs: torch.Tensor,
-                 stream: torch.cuda.Stream | None = None, graph: bool = True):
+                 stream: torch.cuda.Stream | None = None, graph: bool = True, pool: Any = None):
         """`stream`: capture on this stream (by default the library's one capture stream). Graphs that replay at
         the same time on different streams must be captured on different streams: cuBLAS keeps one workspace per
-        stream, and two graphs captured on one stream would share it."""
+        stream, and two graphs captured on one stream would share it. `pool` (`torch.cuda.graph_pool_handle()`):
+        share memory with the other graphs captured into it, for graphs that never run at the same time and whose
+        outputs are used before another of them replays (they may then overwrite each other's outputs)."""
         self.fn = fn
         self.graph = None
         if not graph:
@@ -35,7 +38,7 @@ class CapturedStep:
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=stream):
+        with torch.cuda.graph(self.graph, stream=stream, pool=pool):
             self.outputs = fn(*self.inputs)
         # A graph is uploaded to the device on its first replay (milliseconds for a big one): do it now, not in a
         # caller's first answer. Every step here only writes buffers that are empty or scratch at capture time.

@@ -158,7 +158,9 @@ class SlotPool:
         self._prefill_views: dict[int, StaticKVCache] = {}  # and for the prefills: positions of their own, as a
         # prefill on the main stream may still run when the next decode step (side stream) sets its positions
         self._thinker_steps: dict[int, CapturedStep] = {}
-        self._prefill_steps: dict[int, CapturedStep] = {}  # batched prefills, per batch size of 2 rows or more
+        self._prefill_steps: dict[int, CapturedStep] = {}  # batched prefills, per batch size of 2 rows or more,
+        # in one memory pool: one runs at a time, and its outputs are used before the next one runs
+        self._prefill_pool = torch.cuda.graph_pool_handle() if graphs else None
         self._prefill_inputs = DeviceCopy((3, count), torch.long, core.device)
         self.slots = [self._make_slot(index) for index in range(count)]
         self._free = list(range(count))
@@ -245,7 +247,7 @@ class SlotPool:
             hidden = self.core.model.config.thinker_config.text_config.hidden_size
             example = torch.zeros(rows, PREFILL_GRAPH_POSITIONS, hidden, dtype=self.core.dtype, device=self.core.device)
             self._prefill_steps[rows] = CapturedStep(lambda e: self.thinker_stack(e, view), example,
-                                                     graph=self.graphs)
+                                                     graph=self.graphs, pool=self._prefill_pool)
         return self._prefill_steps[rows]
 
     def prefill(self, requests: list[PrefillRequest]) -> list[tuple[torch.Tensor, torch.Tensor]]:
