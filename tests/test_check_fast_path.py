@@ -2,6 +2,9 @@
 choices reports a gap of 0 at every choice where that answer is its own, and a gap at the choice where it is not."""
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from rtc_agent.engine.checks import fast_path as check_fast_path
@@ -35,3 +38,13 @@ def test_replay_measures_the_gap_of_every_choice():
     report, replayed = _replay(lambda: Engine(loaded, options), audio, tokens, [tuple(f) for f in changed])
     assert replayed[1][2][5] == changed[2][5]  # the eager path took it
     assert report["predictor"]["differing"] >= 1 and report["predictor"]["max_gap_bf16_steps"] > 4
+
+
+def test_several_callers_at_once_are_checked_each_against_its_own_answer_alone(capsys):
+    args = ["--model", "tiny", "--device", "cpu", "--sessions", "3", "--tokens", "6", "--frames", "4"]
+    with ThreadPoolExecutor(1) as pool:  # (its asyncio.run needs a thread with no loop: Playwright may hold this one's)
+        code = pool.submit(check_fast_path.main, args).result()
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["passed"] and report["sessions"] == 3
+    assert [r["tokens_equal"] and r["frames_equal"] for r in report["per_session"]] == [True] * 3
+    assert all(r["frames_compared"] == 4 for r in report["per_session"])

@@ -2,9 +2,11 @@
 kernels, the device-side frame loop) makes the same greedy answer as the eager path (layers one by one, the
 library's kernels) on one loaded model.
 
-    python -m rtc_agent.engine.checks.fast_path --model synthetic:30b-a3b --tokens 32 --frames 32
+    python -m rtc_agent.engine.checks.fast_path --model synthetic:30b-a3b --tokens 32 --frames 32 [--sessions 8]
 
-Both paths answer the same turn greedily. Where their answers part, bf16 rounding may have turned a near-tie the
+Both paths answer the same turn greedily. With `--sessions N` the fast path answers N callers at once (each a
+different turn, their audio in 1 s chunks: encoded, prefilled and decoded batched across the calls), and each
+answer is compared with the eager path's answer to that caller alone. Where their answers part, bf16 rounding may have turned a near-tie the
 other way; to tell that from an error, the eager path answers once more, made to take the fast path's choices
 (every Thinker token, code 0 and code-predictor code), and at each choice the gap between its own best score and
 the score of the fast path's choice is measured: 0 where they agree, a few bf16 steps (at the score's magnitude)
@@ -34,16 +36,36 @@ from ..sampling import penalised_scores
 
 
 async def _answer(engine: Engine, audio: np.ndarray, tokens: int, frames: int):
-    session = engine.new_session(SessionOptions(greedy=True, seed=0, max_answer_tokens=tokens, max_frames=frames))
-    await session.push_audio(audio)
-    codes, done = [], None
-    async for event in session.respond():
-        if isinstance(event, SpeechFrame):
-            codes.append(event.codes)
-        elif isinstance(event, ResponseDone):
-            done = event
-    await session.close()
-    return list(done.token_ids), codes
+    return (await _answers(engine, [audio], tokens, frames))[0]
+
+
+async def _answers(engine: Engine, audios: list[np.ndarray], tokens: int, frames: int) -> list[tuple[list, list]]:
+    """Greedy answers (text ids, frame codes) of one caller per audio, all at once: their audio is pushed at the
+    same moment, then every turn ends at the same moment."""
+    options = SessionOptions(greedy=True, seed=0, max_answer_tokens=tokens, max_frames=frames)
+    sessions = [engine.new_session(options) for _ in audios]
+
+    async def respond(session) -> tuple[list, list]:
+        codes, done = [], None
+        async for event in session.respond():
+            if isinstance(event, SpeechFrame):
+                codes.append(event.codes)
+            elif isinstance(event, ResponseDone):
+                done = event
+        return list(done.token_ids), codes
+
+    try:
+        await asyncio.gather(*(s.push_audio(a) for s, a in zip(sessions, audios)))
+        return list(await asyncio.gather(*(respond(s) for s in sessions)))
+    finally:
+        for session in sessions:
+            await session.close()
+
+
+def _audio(index: int) -> np.ndarray:
+    """Caller `index`'s turn: a tone of its own pitch and length (2 s for the first)."""
+    t = np.arange(32000 + 4800 * index) / 16000
+    return (0.2 * np.sin(2 * np.pi * (150 + 20 * index) * t)).astype(np.float32)
 
 
 class _Forced:
@@ -101,12 +123,13 @@ def _first_difference(a: list, b: list) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="synthetic:30b-a3b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--frames", type=int, default=16)
+    parser.add_argument("--sessions", type=int, default=1, help="callers the fast path answers at once")
     parser.add_argument("--eager-kernels", choices=("library", "fast"), default="library",
                         help="MoE, decode attention and RMSNorm of the eager reference (fast: compares graphs alone)")
     parser.add_argument("--fast-kernels", choices=("fast", "library"), default="fast",
@@ -114,25 +137,40 @@ def main() -> int:
     parser.add_argument("--no-overlap", action="store_true", help="graphed run without the Thinker's side stream")
     parser.add_argument("--tolerance-steps", type=float, default=4.0,
                         help="largest forced gap, in bf16 steps, still taken for a near-tie")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     loaded = load(args.model, args.device)
-    t = np.arange(32000) / 16000
-    audio = (0.2 * np.sin(2 * np.pi * 150 * t)).astype(np.float32)
-    options = dict(model=args.model, prefill_chunk_s=0, max_answer_tokens=args.tokens, max_frames=args.frames)
+    audios = [_audio(i) for i in range(args.sessions)]
+    chunk_s = 1.0 if args.sessions > 1 else 0.0  # several callers: their 1 s chunks are what is batched
+    options = dict(model=args.model, prefill_chunk_s=chunk_s, max_answer_tokens=args.tokens, max_frames=args.frames,
+                   max_sessions=args.sessions)
 
     def engine(graphs: bool, kernels: str) -> Engine:
         fast = kernels == "fast"
         return Engine(loaded, EngineOptions(cuda_graphs=graphs, fast_moe=fast, fast_attention=fast, fast_norm=fast,
                                             fast_rotary=fast, overlap=not args.no_overlap, **options))
 
-    eager_tokens, eager_codes = asyncio.run(_answer(engine(False, args.eager_kernels), audio, args.tokens, args.frames))
-    fast_tokens, fast_codes = asyncio.run(_answer(engine(True, args.fast_kernels), audio, args.tokens, args.frames))
+    eager = engine(False, args.eager_kernels)
+    references = [asyncio.run(_answer(eager, audio, args.tokens, args.frames)) for audio in audios]
+    answers = asyncio.run(_answers(engine(True, args.fast_kernels), audios, args.tokens, args.frames))
+    reports = [_compare(reference, answer, lambda: engine(False, args.eager_kernels), audio, args)
+               for reference, answer, audio in zip(references, answers, audios)]
+    passed = all(r["passed"] for r in reports)
+    common = {"model": args.model, "sessions": args.sessions, "overlap": not args.no_overlap,
+              "kernels": {"eager": args.eager_kernels, "graphs": args.fast_kernels}}
+    print(json.dumps({**common, **reports[0]} if args.sessions == 1 else {**common, "passed": passed,
+                                                                         "per_session": reports}))
+    return 0 if passed else 1
+
+
+def _compare(reference: tuple[list, list], answer: tuple[list, list], eager, audio: np.ndarray, args) -> dict:
+    """One caller's fast answer against the eager one; where they part, the forced gaps of the eager path on the
+    fast path's choices."""
+    (eager_tokens, eager_codes), (fast_tokens, fast_codes) = reference, answer
     report = {
-        "model": args.model, "tokens_compared": len(eager_tokens), "frames_compared": len(eager_codes),
+        "tokens_compared": len(eager_tokens), "frames_compared": len(eager_codes),
         "first_token_difference": _first_difference(eager_tokens, fast_tokens),
         "first_frame_difference": _first_difference(eager_codes, fast_codes),
         "tokens_equal": eager_tokens == fast_tokens, "frames_equal": eager_codes == fast_codes,
-        "kernels": {"eager": args.eager_kernels, "graphs": args.fast_kernels}, "overlap": not args.no_overlap,
     }
     frame = report["first_frame_difference"]
     if frame is not None and frame < min(len(eager_codes), len(fast_codes)):
@@ -142,12 +180,11 @@ def main() -> int:
     if not passed:  # the eager path once more, on the fast path's choices
         forced = _Forced(fast_tokens, fast_codes)
         with forced.imposed():
-            asyncio.run(_answer(engine(False, args.eager_kernels), audio, args.tokens, args.frames))
+            asyncio.run(_answer(eager(), audio, args.tokens, args.frames))
         report["forced_gaps"] = forced.report()
         passed = all(kind["max_gap_bf16_steps"] <= args.tolerance_steps for kind in report["forced_gaps"].values())
     report["passed"] = passed
-    print(json.dumps(report))
-    return 0 if passed else 1
+    return report
 
 
 if __name__ == "__main__":
