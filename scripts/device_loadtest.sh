@@ -4,7 +4,8 @@
 # callers joining one after another while the others are mid-answer, and one caller with the camera on. Turns
 # end by the 400 ms silence rule (server_vad): what is measured is the engine and the server, not the turn model.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_loadtest.sh [WAV] [VIDEO_WAV]
-# (BENCH_SESSIONS="8": the bench for those session counts only; "" for none)
+# (BENCH_SESSIONS="8": the bench for those session counts only; "" for none. CHECK=8: first the batched-vs-alone
+# check, `checks.fast_path --sessions 8`)
 set -u
 out=${OUT:-artifacts/loadtest}; mkdir -p "$out"
 model=${MODEL:-synthetic:30b-a3b}
@@ -20,6 +21,11 @@ print(sys.argv[1], {k: o.get(k) for k in ("connected", "answered", "heard_ms", "
                                           "interval_ms_p90", "frames_late", "frames_dropped", "gaps", "failures")})
 PY
 }
+if [ -n "${CHECK:-}" ]; then
+    timeout 300 python3 -m rtc_agent.engine.checks.fast_path --model "$model" --sessions "$CHECK" \
+        > "$out/check-sessions.json" 2> "$out/check-sessions.err"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('check', {'passed': r['passed'], 'per_session': [(s['tokens_equal'], s['frames_equal'], s.get('forced_gaps')) for s in r.get('per_session', [r])]})" "$out/check-sessions.json"
+fi
 for sessions in ${BENCH_SESSIONS-1 8}; do
     timeout 150 python3 -m rtc_agent.engine.bench --model "$model" --sessions "$sessions" --turns 3 --json \
         > "$out/bench-$sessions.json" 2> "$out/bench-$sessions.err" && cat "$out/bench-$sessions.json"
