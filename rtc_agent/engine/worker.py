@@ -134,7 +134,7 @@ class Worker:
                 waiting: dict[Any, _Waiting] = {}
                 self._start(job, waiting)
                 while waiting:  # rounds, until every generator job taken in is done
-                    self._join(waiting)
+                    self._join(waiting, job.priority)
                     self._round(waiting)
                     now = time.perf_counter()
                     self._slice_spent += now - started
@@ -173,15 +173,17 @@ class Worker:
         else:
             waiting[job.key if job.key is not None else id(job)] = _Waiting(job, work, request)
 
-    def _join(self, waiting: dict[Any, _Waiting]) -> None:
-        """Start the queued jobs of sessions with no job in the round (each session's first only), in order."""
+    def _join(self, waiting: dict[Any, _Waiting], priority: int) -> None:
+        """Start the queued jobs of sessions with no job in the round (each session's first only), in order; in
+        a round of urgent jobs (answer starts), only urgent ones: a caller's answer never waits for others' audio."""
         with self._wake:
             taken, seen = [], set(waiting)
             for job in sorted(self._jobs):
                 if job.key is None or job.key in seen:
                     continue
                 seen.add(job.key)
-                taken.append(job)
+                if job.priority <= priority:
+                    taken.append(job)
             if taken:
                 self._jobs = [job for job in self._jobs if job not in taken]
                 heapq.heapify(self._jobs)
