@@ -24,7 +24,12 @@ PY
 if [ -n "${CHECK:-}" ]; then
     timeout 300 python3 -m rtc_agent.engine.checks.fast_path --model "$model" --sessions "$CHECK" \
         > "$out/check-sessions.json" 2> "$out/check-sessions.err"
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('check', {'passed': r['passed'], 'per_session': [(s['tokens_equal'], s['frames_equal'], s.get('forced_gaps')) for s in r.get('per_session', [r])]})" "$out/check-sessions.json"
+    python3 - "$out/check-sessions.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("check", {"passed": r["passed"], "per_session": [(s["tokens_equal"], s["frames_equal"], s.get("forced_gaps"))
+                                                       for s in r.get("per_session", [r])]})
+PY
 fi
 for sessions in ${BENCH_SESSIONS-1 8}; do
     timeout 150 python3 -m rtc_agent.engine.bench --model "$model" --sessions "$sessions" --turns 3 --json \

@@ -1,4 +1,4 @@
-"""INT4 weights (rtc_agent/engine/kernels/int4.py): the format, the quantized tiny model end to end, the synthetic model's
+"""INT4 weights (engine/kernels/int4.py): the format, the quantized tiny model end to end, the synthetic model's
 int4 fill, and the Triton kernels' arithmetic under Triton's CPU interpreter against dequantize-then-matmul."""
 from __future__ import annotations
 

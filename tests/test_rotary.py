@@ -1,4 +1,4 @@
-"""The fused attention inputs (rtc_agent/engine/kernels/rotary.py) give the library's attention: the same layer outputs and
+"""The fused attention inputs (engine/kernels/rotary.py) give the library's attention: the same layer outputs and
 the same keys and values in the cache, for every decoder stack of the tiny model, in a graph-mode step.
 
 On the CPU the production hook keeps the library's path; what runs here is the same function with the plain-PyTorch

@@ -106,8 +106,8 @@ class StaticKVCache:
 
     def graph_step(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [batch, count] and mask [batch, 1, count, keys] for `count` queries per row starting at the
-        row's `self.position` (at most the scratch position), with fixed shapes: keys are the whole buffer, masked. This is what a captured step
-        records; `length` is advanced by the caller."""
+        row's `self.position` (at most the scratch position), with fixed shapes: keys are the whole buffer,
+        masked. This is what a captured step records; `length` is advanced by the caller."""
         # Positions past the buffer (a padded prefill's padding near the end, a row that sits a prefill out at
         # the scratch position) all land on the scratch position.
         self.graph_positions = (self.position[:, None] + torch.arange(count, device=self.position.device)).clamp_(

@@ -5,12 +5,12 @@ library's kernels) on one loaded model.
     python -m rtc_agent.engine.checks.fast_path --model synthetic:30b-a3b --tokens 32 --frames 32 [--sessions 8]
 
 Both paths answer the same turn greedily. With `--sessions N` the fast path answers N callers at once (each a
-different turn, their audio in 1 s chunks: encoded, prefilled and decoded batched across the calls), and each
-answer is compared with the eager path's answer to that caller alone. Where their answers part, bf16 rounding may have turned a near-tie the
-other way; to tell that from an error, the eager path answers once more, made to take the fast path's choices
-(every Thinker token, code 0 and code-predictor code), and at each choice the gap between its own best score and
-the score of the fast path's choice is measured: 0 where they agree, a few bf16 steps (at the score's magnitude)
-where the fast path took the other side of a near-tie, far more if the fast path computes something else.
+different turn, their audio in 1 s chunks: encoded, prefilled and decoded batched across the calls), and each answer
+is compared with the eager path's answer to that caller alone. Where their answers part, bf16 rounding may have
+turned a near-tie the other way; to tell that from an error, the eager path answers once more, made to take the fast
+path's choices (every Thinker token, code 0 and code-predictor code), and at each choice the gap between its own
+best score and the score of the fast path's choice is measured: 0 where they agree, a few bf16 steps (at the score's
+magnitude) where the fast path took the other side of a near-tie, far more if the fast path computes something else.
 
 Prints one JSON object; exits 0 when the answers are equal or every forced gap is within --tolerance-steps.
 """
