@@ -30,6 +30,7 @@ r = json.load(open(sys.argv[1]))
 print("check", {"passed": r["passed"], "per_session": [(s["tokens_equal"], s["frames_equal"], s.get("forced_gaps"))
                                                        for s in r.get("per_session", [r])]})
 PY
+    tail -3 "$out/check-sessions.err"
 fi
 for sessions in ${BENCH_SESSIONS-1 8}; do
     timeout 150 python3 -m rtc_agent.engine.bench --model "$model" --sessions "$sessions" --turns 3 --json \
@@ -38,6 +39,11 @@ done
 python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 --max-sessions 16 \
     --max-answer-s 12 --turn-detection server_vad > "$out/serve.log" 2>&1 &
 server=$!
+# a server that dies while loading ends the run here, with its log
+until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1])" "$url/readyz" 2> /dev/null; do
+    kill -0 "$server" 2> /dev/null || { echo "serve exited:"; tail -30 "$out/serve.log"; exit 1; }
+    sleep 2
+done
 loadtest() {
     local name=$1; shift
     timeout 150 python3 -m rtc_agent.cli loadtest "$url" --wav "$wav" --retry-s 200 --ice-host-address 127.0.0.1 \
