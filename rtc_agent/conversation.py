@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import numpy as np
 
 from .config import TurnSettings
-from .engine import FLUSH_AFTER_SILENCE_MS, EngineOutOfMemory
+from .engine import PREPARE_AFTER_SILENCE_MS, EngineOutOfMemory
 from .engine.events import ResponseDone, SpeechFrame, TextDelta
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
 from .media.outbound import PACKET_S, AnswerOutput, Playout
@@ -117,6 +117,7 @@ class Conversation:
         self._held: list[Audio] = []  # caller speech during an answer, before it counts as a barge-in
         self._in_turn = False
         self._turn_confirmed = False
+        self._paused: list[Audio] | None = None  # the silence since the engine prepared the answer (None: not paused)
         self._speech_start_ms = 0
         self._input_waiting = False  # committed speech or typed text that no answer has taken yet
         self._clock_ms = 0  # the media clock: audio time since the call started
@@ -147,10 +148,20 @@ class Conversation:
         if signal in (Signal.ONSET, Signal.CONFIRMED) and not self._in_turn:
             self._begin_turn([*self._unpushed, chunk])
         elif self._in_turn and (self._detector.active or signal in (Signal.ENDED, Signal.FALSE_START)):
-            self._push([*self._unpushed, chunk])  # (the pre-roll when push-to-talk speech resumes)
+            chunks = [*self._unpushed, chunk]  # (the pre-roll when push-to-talk speech resumes)
             self._unpushed.clear()
-            if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._flush_after_ms // CHUNK_MS:
-                self._ops.put_nowait(("flush", None))  # the engine prefills now: the turn may be ending
+            if self._paused is None:
+                self._push(chunks)
+            elif self._detector.active and not self._detector.silence_run_ms:  # speech again: the turn goes on
+                self._push(self._paused, end_of_turn_model=False)
+                self._push(chunks)
+                self._paused = None
+            else:  # the pause goes on: its silence stays out of the prepared answer's turn
+                self._paused += chunks
+                self._semantic_add(chunks)
+            if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
+                self._ops.put_nowait(("prepare", None))  # the turn may be ending: the engine makes the answer ready
+                self._paused = []
         else:
             self._unpushed.append(chunk)
         if signal is Signal.CONFIRMED:
@@ -195,6 +206,7 @@ class Conversation:
 
     def _begin_turn(self, chunks: list[Audio], start_ms: int | None = None) -> None:
         self._in_turn, self._turn_confirmed = True, False
+        self._paused = None
         self._speech_start_ms = self._clock_ms - CHUNK_MS if start_ms is None else start_ms
         self._unpushed.clear()
         if self._semantic is not None:
@@ -205,12 +217,17 @@ class Conversation:
         self._turn_confirmed = True
         self._emit("input_audio_buffer.speech_started", audio_start_ms=self._speech_start_ms)
 
-    def _push(self, chunks: list[Audio]) -> None:
-        """Chunks received one after the other (a run never has a gap) go to the engine at their own time."""
+    def _push(self, chunks: list[Audio], end_of_turn_model: bool = True) -> None:
+        """Chunks received one after the other (a run never has a gap) go to the engine at their own time (and to
+        the end-of-turn model, which has not had them yet)."""
         if chunks:
             self._ops.put_nowait(("audio", Audio(chunks[0].at_ms, np.concatenate([c.samples for c in chunks]))))
-            if self._semantic is not None:
-                self._semantic.add([c.samples for c in chunks])
+            if end_of_turn_model:
+                self._semantic_add(chunks)
+
+    def _semantic_add(self, chunks: list[Audio]) -> None:
+        if self._semantic is not None:
+            self._semantic.add([c.samples for c in chunks])
 
     # ---- caller video -------------------------------------------------------------------------------------
     def see(self, image: np.ndarray) -> None:
@@ -226,6 +243,7 @@ class Conversation:
         """The caller's speech is committed: after `hangover_ms` of silence (automatic turns) or now (None: a
         commit); with `respond`, the answer starts."""
         self._in_turn = self._turn_confirmed = False
+        self._paused = None  # the pause's silence is left out of the turn: it is over
         end_of_turn = self._end_of_turn_metrics(hangover_ms)
         if not respond:
             self._input_waiting = True
@@ -269,6 +287,7 @@ class Conversation:
             self._detector.reset()
             self._ops.put_nowait(("abort", None))
         self._unpushed.clear()
+        self._paused = None
         self._emit("input_audio_buffer.cleared")
 
     def add_text(self, text: str) -> None:
@@ -340,7 +359,7 @@ class Conversation:
 
     def _use_turn_settings(self, turn: TurnSettings) -> None:
         self.turn = turn
-        self._flush_after_ms = FLUSH_AFTER_SILENCE_MS
+        self._prepare_after_ms = PREPARE_AFTER_SILENCE_MS
         self._detector.threshold = turn.vad_threshold
         self._detector.silence_ms = self._detector.end_silence_ms = turn.silence_ms
         if self._semantic is not None:
@@ -352,8 +371,8 @@ class Conversation:
             eagerness = EAGERNESS[turn.eagerness]
             self._semantic = SemanticTurn(self._scorer, eagerness, self._turn_complete)
             self._detector.end_silence_ms = eagerness.max_wait_ms
-            # the tail is prefilled while the first verdict is on its way, not after it
-            self._flush_after_ms = min(FLUSH_AFTER_SILENCE_MS, eagerness.first_check_ms)
+            # the answer is made ready while the first verdict is on its way, not after it
+            self._prepare_after_ms = min(PREPARE_AFTER_SILENCE_MS, eagerness.first_check_ms)
 
     def _end_of_turn_metrics(self, wait_ms: int | None) -> dict[str, Any]:
         """How this turn's end was decided, for response.done (and the end-of-turn wait histogram)."""
@@ -477,8 +496,8 @@ class Conversation:
                     await self.session.push_text(arg)
                 elif kind == "trim":
                     await self.session.cancel(arg)
-                elif kind == "flush":
-                    await self.session.flush()
+                elif kind == "prepare":
+                    await self.session.prepare_answer()
                 elif kind == "abort":
                     await self.session.abort_turn()
                 elif kind == "respond":

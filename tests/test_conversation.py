@@ -81,11 +81,15 @@ def test_false_start_is_dropped_then_a_turn_with_a_short_pause_is_one_turn() -> 
                     pass
 
             await feed(conv, script, 0.9, 10)
-            await feed(conv, script, 0.1, 6)  # a pause shorter than the hang-over
+            await feed(conv, script, 0.1, 6)  # a pause shorter than the hang-over (the answer is prepared at 5)
             await feed(conv, script, 0.9, 10)
             await feed(conv, script, 0.1, 12)
             done = (await until(events, "response.done"))["response"]
             assert done["status"] == "completed" and done["metrics"]["frames_sent"] == 6
+            # all of the turn went in, the pause's silence too once the caller went on; of the silence after
+            # it only the 5 chunks up to the prepared answer, the rest of the hang-over is left out
+            assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 1.44))]  # (from the click on)
+            assert done["metrics"]["engine"]["ttft_ms"] == 0.0  # prepared during the hang-over
             assert kinds(events) == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                                      "conversation.state", "input_audio_buffer.committed", "response.created",
                                      "conversation.state", "response.done", "conversation.state"]
@@ -150,7 +154,8 @@ def test_video_frames_and_audio_reach_the_engine_in_order_at_their_media_clock_t
             await feed(conv, script, 0.9, 5)  # speech from chunk 10: 3 chunks of pre-roll go with it
             conv.see(image)  # 0.48 s, in the middle of the turn's audio
             await feed(conv, script, 0.9, 5)
-            await feed(conv, script, 0.1, 12)  # the turn ends after 10 chunks of silence (0.96 s)
+            await feed(conv, script, 0.1, 12)  # the turn ends after 10 chunks of silence (0.96 s); the answer is
+            # prepared after 5 (0.8 s), and the silence after that stays out of the turn
             await until(events, "response.created")
             while conv.state != State.SPEAKING:
                 await asyncio.sleep(0.01)
@@ -166,7 +171,7 @@ def test_video_frames_and_audio_reach_the_engine_in_order_at_their_media_clock_t
             assert [at for at, _ in conv.session.images] == pytest.approx([0.0, 0.32, 0.48, 1.024])
             assert {shape for _, shape in conv.session.images} == {(64, 96, 3)}
             runs = audio_runs(pushed)
-            assert runs == [pytest.approx((0.224, 0.96)), pytest.approx((0.992, 1.664))]
+            assert runs == [pytest.approx((0.224, 0.8)), pytest.approx((0.992, 1.504))]
             order = [(kind, at) for kind, at, _ in pushed]
             middle = order.index(("image", pytest.approx(0.48)))
             assert order[middle - 1][0] == order[middle + 1][0] == "audio"

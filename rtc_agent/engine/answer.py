@@ -46,7 +46,7 @@ class Answer:
         self.interrupted_at: int | None = None  # frames the caller heard, once interrupted
         self.done = False
         self.first_frame_at: float | None = None
-        self._step_started = started
+        self.step_started = started
         self.after: list[Callable[[], None]] = []  # run on the worker once the answer is done
 
     @property
@@ -208,9 +208,9 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
             a.metrics["ttfp_ms"] = (now - a.started) * 1e3
             a.first_frame_at = now
         else:
-            a.frame_times.append(now - a._step_started)
+            a.frame_times.append(now - a.step_started)
         a.emit(SpeechFrame(a.frames, samples[n].numpy().copy(), tuple(frame_codes[a.row].tolist())))
-        a._step_started = time.perf_counter()
+        a.step_started = time.perf_counter()
         a.frames += 1
         if last[a.row] or a.interrupted_at is not None:
             a.end_speech()

@@ -14,7 +14,7 @@ import torch
 
 from . import audio_input, sampling
 from .kernels import attention, moe, norm, rotary
-from .engine import FLUSH_AFTER_SILENCE_MS, Engine
+from .engine import PREPARE_AFTER_SILENCE_MS, Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions
 from .slots import rows_for
@@ -212,11 +212,14 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
 
 
 async def _hang_over(session, silence_ms: int, at: float) -> None:
-    """The silence a call server hears before it ends the turn, pushed as it does (the flush, then the rest)."""
-    for piece in range(0, silence_ms, 20):
-        if piece == FLUSH_AFTER_SILENCE_MS:
-            await session.flush()
+    """The silence a call server hears before it ends the turn, as it goes: pushed up to the pause at which the
+    server has the answer prepared, then waited for in real time (the server holds that silence back)."""
+    for piece in range(0, min(silence_ms, PREPARE_AFTER_SILENCE_MS), 20):
         await session.push_audio(np.zeros(320, dtype=np.float32), at=at + piece / 1000)
+    if silence_ms > PREPARE_AFTER_SILENCE_MS:
+        prepared = asyncio.ensure_future(session.prepare_answer())
+        await asyncio.sleep((silence_ms - PREPARE_AFTER_SILENCE_MS) / 1000)
+        await prepared
 
 
 def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict[str, float]:

@@ -2,6 +2,8 @@
 the streaming Code2Wav, and the turn in progress. Everything here runs on the engine's worker thread."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Generator
@@ -72,6 +74,21 @@ class Turn:
 
 
 @dataclass
+class Prepared:
+    """An answer made ready at a pause in the caller's turn (`Conversation.prepare_answer`), its events held until
+    the turn ends, and what undoes it if the caller goes on instead."""
+
+    answer: Answer
+    events: list[Event]
+    turn: Turn  # the turn as it was before its end was prefilled
+    pending: np.ndarray  # audio too short to encode, left out of the answer's turn
+    cache_length: int  # the Thinker cache's length before (the turn's end is sequential text: a crop undoes it)
+    talker_length: int | None  # the Talker's user context before
+    generator: torch.Tensor  # the slot's random state before the answer's first draws
+    ready_at: float  # time.perf_counter() when it was ready
+
+
+@dataclass
 class TokenIds:
     im_start: int
     im_end: int
@@ -128,6 +145,7 @@ class Conversation:
         self.segments: list[Segment] = []
         self._last_answer: tuple[int, list[int]] | None = None  # (cache position, tokens) of the latest answer
         self.turn: Turn | None = None  # the user turn being prefilled
+        self.prepared: Prepared | None = None  # an answer made ready at a pause (`prepare_answer`)
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
         self.typed: list[int] = []  # text ids the caller typed in this turn (they follow its audio)
         self.audio_clock = 0.0  # media-clock time just after the last audio pushed
@@ -138,6 +156,7 @@ class Conversation:
 
     def apply(self, options: SessionOptions) -> None:
         """New session options; a new system prompt replaces the old one in the cache from the next turn on."""
+        self.undo_prepared()
         changed = options.instructions != self.options.instructions
         self.options = options
         if changed and self.segments:
@@ -148,6 +167,7 @@ class Conversation:
     # ----- caller turn -------------------------------------------------------------------------------------
     def add_audio(self, samples: np.ndarray, at: float | None = None) -> Prefilling[None]:
         """Caller audio; `at` is the media-clock time of its first sample (None: right after the last push)."""
+        self.undo_prepared()
         at = self.audio_clock if at is None else at
         if self.turn is None and not len(self.pending):
             self._turn_start_at = at
@@ -163,6 +183,7 @@ class Conversation:
         """Prefill the caller audio still pending now, a chunk shorter than `prefill_chunk_s` (the caller paused:
         the turn may end, and then only the audio after this point is left to encode). Nothing with
         `prefill_chunk_s` 0, which means prefilling the whole turn at its end."""
+        self.undo_prepared()
         if self.core.options.prefill_chunk_s and len(self.pending) >= audio_input.MEL_HOP:
             piece, self.pending = self.pending, np.zeros(0, dtype=np.float32)
             opening = self._open_turn()
@@ -175,6 +196,7 @@ class Conversation:
 
     def add_text(self, text: str) -> None:
         """Text the caller typed: it joins the caller's turn, after the turn's audio (a turn may be text only)."""
+        self.undo_prepared()
         ids = self.core.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise ValueError("the text is empty")
@@ -192,6 +214,7 @@ class Conversation:
         """After an out-of-memory error in this call's work: the caller's turn in progress (or an answer that never
         started) is dropped and the caches are prefilled again from the conversation kept so far; if even that
         does not fit, the context is emptied (`forget`)."""
+        self.undo_prepared()
         release_cached(self.core.device)
         self.pending, self.typed = np.zeros(0, dtype=np.float32), []
         self.slot.answer = None
@@ -209,15 +232,18 @@ class Conversation:
     def forget(self) -> None:
         """Drop the whole context (the caches are left empty and consistent): the way out when even dropping the
         caller's turn could not be prefilled again. The next turn starts with the system prompt."""
+        self.undo_prepared()
         self.segments, self.turn, self.typed = [], None, []
         self.pending = np.zeros(0, dtype=np.float32)
         self._last_answer = None
         self.slot.reset(None)
 
     def has_audio(self) -> bool:
-        return len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.segment.audio))
+        return (len(self.pending) >= audio_input.MEL_HOP or (self.turn is not None and bool(self.turn.segment.audio))
+                or self.prepared is not None)
 
     def abort_turn(self) -> None:
+        self.undo_prepared()
         self.pending = np.zeros(0, dtype=np.float32)
         if self.turn is not None:
             self.video.give_back(self.turn.frames)
@@ -415,9 +441,60 @@ class Conversation:
             self._prefill_talker_part(self.turn.segment)
 
     # ----- answer ----------------------------------------------------------------------------------------------
+    def prepare_answer(self) -> Prefilling[bool]:
+        """The caller paused and may be done: prefill the turn so far and its end, and make the answer ready (its
+        first token chosen, the Talker's prefix prefilled) without starting it. `begin_answer` then starts it at
+        once, the audio pushed after this point being the turn's trailing silence, which it leaves out; any other
+        change to the turn (audio, text, an abort) undoes it first. Returns whether an answer is ready (not for a
+        turn with typed text, or whose audio is not prefilled in chunks)."""
+        yield from self.flush()
+        if self.turn is None or self.typed:
+            return False
+        turn = self.turn
+        before = dataclasses.replace(turn, layout=copy.copy(turn.layout), segment=dataclasses.replace(
+            turn.segment, ids=list(turn.segment.ids), audio=list(turn.segment.audio), grids=list(turn.segment.grids)))
+        pending = self.pending
+        cache, talker = self.cache.length, self.talker.user_length if self.talker is not None else None
+        generator = self.generator.get_state()
+        events: list[Event] = []
+        answer = yield from self._start_answer(events.append)
+        self.slot.answer = None  # not the slot's answer until it starts (a call that ends now just drops it)
+        self.prepared = Prepared(answer, events, before, pending, cache, talker, generator, time.perf_counter())
+        return True
+
+    def undo_prepared(self) -> None:
+        """The caller went on after the pause: the prepared answer is dropped and the turn is open again, as it was."""
+        prepared, self.prepared = self.prepared, None
+        if prepared is None:
+            return
+        self.segments.pop()
+        self.turn, self.pending = prepared.turn, prepared.pending
+        self.cache.crop(prepared.cache_length)
+        if prepared.talker_length is not None:
+            self.talker.user_length = prepared.talker_length
+            self.talker.cache.crop(prepared.talker_length)
+        self.generator.set_state(prepared.generator)
+
     def begin_answer(self, emit: Callable[[Event], None]) -> Prefilling[Answer]:
-        """Finish the caller's turn: prefill its tail and the assistant header, choose the first token and, with
-        speech, prefill the Talker's assistant prefix. The frames then come from batched steps (`answer.tick`)."""
+        """Finish the caller's turn and start the answer: the one `prepare_answer` made ready if the turn did not
+        change since, or else its tail and the assistant header prefilled now, the first token chosen and, with
+        speech, the Talker's assistant prefix prefilled. The frames then come from batched steps (`answer.tick`)."""
+        prepared, self.prepared = self.prepared, None
+        if prepared is None:
+            return (yield from self._start_answer(emit))
+        answer = prepared.answer
+        now = time.perf_counter()
+        answer.started = answer.step_started = now  # the caller's wait starts with the turn's end
+        answer.emit = emit
+        for event in prepared.events:
+            emit(event)
+        if answer.tokens:
+            answer.metrics["ttft_ms"] = 0.0
+        answer.metrics["ready_before_ms"] = (now - prepared.ready_at) * 1e3
+        self.slot.answer = answer
+        return answer
+
+    def _start_answer(self, emit: Callable[[Event], None]) -> Prefilling[Answer]:
         started = time.perf_counter()
         i = self.ids
         tail = self.pending
@@ -456,6 +533,7 @@ class Conversation:
     def trim_last_answer(self, frames_played: int) -> None:
         """A barge-in that lands after the answer was made but before it was all heard: keep only the text of the
         first `frames_played` frames in the history, as `interrupt` does during the answer."""
+        self.undo_prepared()
         if self._last_answer is None:
             return
         answer_start, tokens = self._last_answer

@@ -32,7 +32,7 @@ from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-FLUSH_AFTER_SILENCE_MS = 160  # a call server flushes after a pause this long inside a turn (commas pause 96-160 ms)
+PREPARE_AFTER_SILENCE_MS = 160  # a call server prepares the answer after a pause this long (commas pause 96-160 ms)
 
 
 class Engine:
@@ -267,6 +267,15 @@ class Session:
         self._check_open()
         if self._conversation is not None and not self._answering:
             await self._run_turn(self._conversation.flush)
+
+    async def prepare_answer(self) -> None:
+        """The caller paused and may be done (a call server's hang-over has begun): prefill the turn and make its
+        answer ready, so that `respond()` at the turn's end starts speaking at once. Audio pushed after this is the
+        turn's trailing silence: push it only if the caller speaks again (a push, text or an abort undoes the
+        preparation first); video frames can still be pushed. No effect during an answer."""
+        self._check_open()
+        if self._conversation is not None and not self._answering:
+            await self._run_turn(self._conversation.prepare_answer, urgent=True)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 
@@ -141,18 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load(args.model, args.device)
     audios = [_audio(i) for i in range(args.sessions)]
     chunk_s = 1.0 if args.sessions > 1 else 0.0  # several callers: their 1 s chunks are what is batched
-    options = dict(model=args.model, prefill_chunk_s=chunk_s, max_answer_tokens=args.tokens, max_frames=args.frames,
-                   max_sessions=args.sessions)
+    options = dict(model=args.model, prefill_chunk_s=chunk_s, max_answer_tokens=args.tokens, max_frames=args.frames)
 
-    def engine(graphs: bool, kernels: str) -> Engine:
+    def engine(graphs: bool, kernels: str, sessions: int) -> Engine:
         fast = kernels == "fast"
         return Engine(loaded, EngineOptions(cuda_graphs=graphs, fast_moe=fast, fast_attention=fast, fast_norm=fast,
-                                            fast_rotary=fast, overlap=not args.no_overlap, **options))
+                                            fast_rotary=fast, overlap=not args.no_overlap, max_sessions=sessions,
+                                            **options))
 
-    eager = engine(False, args.eager_kernels)
+    fast = engine(True, args.fast_kernels, args.sessions)
+    answers = asyncio.run(_answers(fast, audios, args.tokens, args.frames))
+    fast.close()
+    del fast  # the eager engine's slots take its memory (the full-size model fits one engine's 8 slots, not two)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    eager = engine(False, args.eager_kernels, 1)  # one caller at a time: the reference is each caller alone
     references = [asyncio.run(_answer(eager, audio, args.tokens, args.frames)) for audio in audios]
-    answers = asyncio.run(_answers(engine(True, args.fast_kernels), audios, args.tokens, args.frames))
-    reports = [_compare(reference, answer, lambda: engine(False, args.eager_kernels), audio, args)
+    reports = [_compare(reference, answer, eager, audio, args)
                for reference, answer, audio in zip(references, answers, audios)]
     passed = all(r["passed"] for r in reports)
     common = {"model": args.model, "sessions": args.sessions, "overlap": not args.no_overlap,
@@ -162,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if passed else 1
 
 
-def _compare(reference: tuple[list, list], answer: tuple[list, list], eager, audio: np.ndarray, args) -> dict:
+def _compare(reference: tuple[list, list], answer: tuple[list, list], eager: Engine, audio: np.ndarray,
+             args) -> dict:
     """One caller's fast answer against the eager one; where they part, the forced gaps of the eager path on the
     fast path's choices."""
     (eager_tokens, eager_codes), (fast_tokens, fast_codes) = reference, answer
@@ -180,7 +188,7 @@ def _compare(reference: tuple[list, list], answer: tuple[list, list], eager, aud
     if not passed:  # the eager path once more, on the fast path's choices
         forced = _Forced(fast_tokens, fast_codes)
         with forced.imposed():
-            asyncio.run(_answer(eager(), audio, args.tokens, args.frames))
+            asyncio.run(_answer(eager, audio, args.tokens, args.frames))
         report["forced_gaps"] = forced.report()
         passed = all(kind["max_gap_bf16_steps"] <= args.tolerance_steps for kind in report["forced_gaps"].values())
     report["passed"] = passed

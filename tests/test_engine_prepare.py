@@ -1,0 +1,67 @@
+"""An answer made ready at a pause in the caller's turn (`Session.prepare_answer`, what the call server does during
+its hang-over): the same answer as the turn gives without it, undone exactly when the caller goes on, and nothing
+left behind when the call ends instead. Seeded sampling, so that a random state not put back would show."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine_helpers import caller_audio, engine_for, one_turn, run
+from rtc_agent.engine import SessionOptions
+
+OPTIONS = SessionOptions(seed=7, max_answer_tokens=6, max_frames=8)
+
+
+def _answer(result) -> tuple[list[int], list[tuple[int, ...]]]:
+    texts, frames, done = result
+    return list(done.token_ids), [f.codes for f in frames]
+
+
+async def _turns(session, pieces: list[np.ndarray | str]) -> list:
+    """Push each piece of audio; "flush" and "prepare" at the pauses; "respond" ends a turn. The answers."""
+    answers = []
+    for piece in pieces:
+        if isinstance(piece, np.ndarray):
+            for start in range(0, len(piece), 320):
+                await session.push_audio(piece[start:start + 320])
+        elif piece == "flush":
+            await session.flush()
+        elif piece == "prepare":
+            await session.prepare_answer()
+        else:
+            answers.append(await one_turn(session, piece[:0]))
+    return answers
+
+
+def _run_turns(pieces: list) -> list:
+    session = engine_for(prefill_chunk_s=1.0).new_session(OPTIONS)
+    try:
+        return run(_turns(session, pieces))
+    finally:
+        run(session.close())
+
+
+def test_a_prepared_answer_is_the_answer_the_turn_gives_at_its_end():
+    said, next_turn = caller_audio(1.7, seed=4), caller_audio(1.2, seed=5)
+    prepared = _run_turns([said, "prepare", "respond", next_turn, "prepare", "respond"])
+    at_the_end = _run_turns([said, "flush", "respond", next_turn, "flush", "respond"])
+    assert [_answer(a) for a in prepared] == [_answer(a) for a in at_the_end]
+    for _, frames, done in prepared:
+        assert frames and done.metrics["ttft_ms"] == 0.0 and done.metrics["ready_before_ms"] >= 0
+
+
+def test_speech_after_the_pause_undoes_the_prepared_answer_exactly():
+    before, after, next_turn = caller_audio(1.3, seed=6), caller_audio(0.9, seed=8), caller_audio(1.1, seed=9)
+    went_on = _run_turns([before, "prepare", after, "respond", next_turn, "respond"])
+    never_prepared = _run_turns([before, "flush", after, "respond", next_turn, "respond"])
+    assert [_answer(a) for a in went_on] == [_answer(a) for a in never_prepared]
+    assert "ready_before_ms" not in went_on[0][2].metrics
+
+
+def test_a_call_that_ends_with_an_answer_prepared_gives_its_slot_back():
+    engine = engine_for(prefill_chunk_s=1.0)
+    free = engine.pool.free
+    session = engine.new_session(OPTIONS)
+    run(_turns(session, [caller_audio(1.2, seed=3), "prepare"]))
+    assert engine.pool.free == free - 1
+    run(session.close())
+    assert engine.pool.free == free
