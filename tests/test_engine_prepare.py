@@ -43,7 +43,7 @@ def _run_turns(pieces: list) -> list:
 def test_a_prepared_answer_is_the_answer_the_turn_gives_at_its_end():
     said, next_turn = caller_audio(1.7, seed=4), caller_audio(1.2, seed=5)
     prepared = _run_turns([said, "prepare", "respond", next_turn, "prepare", "respond"])
-    at_the_end = _run_turns([said, "flush", "respond", next_turn, "flush", "respond"])
+    at_the_end = _run_turns([said, "respond", next_turn, "respond"])
     assert [_answer(a) for a in prepared] == [_answer(a) for a in at_the_end]
     for _, frames, done in prepared:
         assert frames and done.metrics["ttft_ms"] == 0.0 and done.metrics["ready_before_ms"] >= 0
@@ -52,9 +52,17 @@ def test_a_prepared_answer_is_the_answer_the_turn_gives_at_its_end():
 def test_speech_after_the_pause_undoes_the_prepared_answer_exactly():
     before, after, next_turn = caller_audio(1.3, seed=6), caller_audio(0.9, seed=8), caller_audio(1.1, seed=9)
     went_on = _run_turns([before, "prepare", after, "respond", next_turn, "respond"])
-    never_prepared = _run_turns([before, "flush", after, "respond", next_turn, "respond"])
-    assert [_answer(a) for a in went_on] == [_answer(a) for a in never_prepared]
+    never_paused = _run_turns([before, after, "respond", next_turn, "respond"])
+    assert [_answer(a) for a in went_on] == [_answer(a) for a in never_paused]
     assert "ready_before_ms" not in went_on[0][2].metrics
+
+
+def test_a_short_turn_is_flushed_then_prepared_and_undone_to_the_flushed_turn():
+    short, after = caller_audio(0.6, seed=10), caller_audio(0.7, seed=11)  # shorter than a prefill chunk
+    assert [_answer(a) for a in _run_turns([short, "prepare", "respond"])] == \
+        [_answer(a) for a in _run_turns([short, "flush", "respond"])]
+    assert [_answer(a) for a in _run_turns([short, "prepare", after, "respond"])] == \
+        [_answer(a) for a in _run_turns([short, "flush", after, "respond"])]
 
 
 def test_a_call_that_ends_with_an_answer_prepared_gives_its_slot_back():

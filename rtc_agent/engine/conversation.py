@@ -442,12 +442,17 @@ class Conversation:
 
     # ----- answer ----------------------------------------------------------------------------------------------
     def prepare_answer(self) -> Prefilling[bool]:
-        """The caller paused and may be done: prefill the turn so far and its end, and make the answer ready (its
-        first token chosen, the Talker's prefix prefilled) without starting it. `begin_answer` then starts it at
-        once, the audio pushed after this point being the turn's trailing silence, which it leaves out; any other
-        change to the turn (audio, text, an abort) undoes it first. Returns whether an answer is ready (not for a
-        turn with typed text, or whose audio is not prefilled in chunks)."""
-        yield from self.flush()
+        """The caller paused and may be done: prefill the rest of the turn and its end, and make the answer ready
+        (its first token chosen, the Talker's prefix prefilled) without starting it. `begin_answer` then starts it
+        at once, the audio pushed after this point being the turn's trailing silence, which it leaves out; any
+        other change to the turn (audio, text, an abort) undoes it first. Returns whether an answer is ready (not
+        for a turn with typed text, or whose audio is not prefilled in chunks).
+
+        The audio still pending goes into the answer's own prefill (one prefill, not two, at every pause), and an
+        undo gives it back as pending. A turn not yet open, or with video, is flushed first: opening a turn and
+        taking in video may rebuild the cache (the context budget), which a crop could not undo."""
+        if self.turn is None or self.turn.layout.video:
+            yield from self.flush()
         if self.turn is None or self.typed:
             return False
         turn = self.turn
