@@ -11,20 +11,24 @@ from rtc_agent.engine.stack import run_stack
 from engine_helpers import engine_for
 
 
-@pytest.mark.parametrize("count, masked", [(1, False), (1, True), (7, True), (32, True)])
-def test_short_query_attention_equals_sdpa(count, masked):
+@pytest.mark.parametrize("count, masked, rows", [(1, False, 1), (1, True, 1), (7, True, 1), (32, True, 1),
+                                                 (1, True, 3), (8, True, 3), (32, True, 3)])
+def test_short_query_attention_equals_sdpa(count, masked, rows):
+    """Decode steps (the matmul path) and padded prefills (the packed SDPA), one row or a batch of rows each
+    at its own length."""
     engine = engine_for(prefill_chunk_s=0)
     module = engine.model.thinker.model.language_model.layers[0].self_attn
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, length, dim = 4, 2, 300, 16
-    query = torch.randn(1, count, heads, dim, generator=gen).transpose(1, 2)  # laid out as the library's
-    key, value = (torch.randn(1, kv_heads, length, dim, generator=gen) for _ in range(2))
-    # causal over the last `count` of 217 filled positions; the rest of the buffer is empty
-    queries = torch.arange(217 - count, 217)[:, None]
-    mask = (torch.arange(length)[None] <= queries)[None, None] if masked else None
+    query = torch.randn(rows, count, heads, dim, generator=gen).transpose(1, 2)  # laid out as the library's
+    key, value = (torch.randn(rows, kv_heads, length, dim, generator=gen) for _ in range(2))
+    # causal over the last `count` of each row's filled positions (217, 150, 290); the rest of the buffer is empty
+    ends = torch.tensor([217, 150, 290][:rows])
+    queries = ends[:, None, None] - count + torch.arange(count)[None, :, None]
+    mask = (torch.arange(length)[None, None] <= queries)[:, None] if masked else None
     ours, _ = attention.decode_attention(module, query, key, value, mask, scaling=dim ** -0.5)
     stock, _ = attention.sdpa_attention_forward(module, query, key, value, mask, scaling=dim ** -0.5)
-    assert ours.shape == stock.shape == (1, count, heads, dim)
+    assert ours.shape == stock.shape == (rows, count, heads, dim)
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=1e-5)
 
 
