@@ -6,12 +6,13 @@ runs one thread block per KV head (4 on the Thinker) walking every key in turn: 
 1 us per 100 keys per layer, 4 ms per Thinker token at 8192 positions. Two batched matmuls and a softmax spread
 the same work over the whole GPU.
 
-A graphed prefill (8 to 32 query positions, padded) is the other way round: there the matmuls' fp32 scores
-[rows, kv_heads, groups x positions, buffer] are the cost (a softmax, a masked fill and copies over 270 MB per
-layer for 8 rows: 50 of an 80 ms batched prefill on the H200), while the query heads of a KV head packed into one
-query block give the fused kernel work enough. So those calls go to the fused SDPA with the heads packed that way,
-as plain multi-head attention over the KV heads (no copy of the keys per query head) under the mask repeated per
-packed head.
+A batched graphed prefill (8 to 32 query positions a row, padded) is the other way round: there the matmuls'
+fp32 scores [rows, kv_heads, groups x positions, buffer] are the cost (a softmax, a masked fill and copies over
+270 MB per layer for 8 rows: 50 of an 80 ms batched prefill on the H200), while the query heads of a KV head
+packed into one query block give the fused kernel work enough. So those go to the fused SDPA with the heads packed
+that way, as plain multi-head attention over the KV heads (no copy of the keys per query head) under the mask
+repeated per packed head: 82 -> 43 ms for 8 rows. A prefill of one row stays on the matmuls, 3 ms faster there
+(the fused kernel gets only 16 blocks of queries to spread over the GPU).
 
 `install(model)` registers `decode_attention` with the library's attention interface for the Thinker's and the
 Talker's text stacks (CUDA only); a call with more than 32 query positions goes to the library's SDPA as before.
@@ -30,7 +31,7 @@ NAME = "rtc_agent_decode"
 
 
 SHORT_QUERIES = 32  # up to this many query positions (a decode step, a graphed prefill) are handled here
-PACKED_SDPA_QUERIES = 8  # from this many on (a prefill), the fused SDPA over packed heads; below, the matmuls
+PACKED_SDPA_QUERIES = 8  # from this many on (a batched prefill), the fused SDPA over packed heads
 
 
 def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -44,7 +45,7 @@ def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads * count, dim)  # query head h reads KV head h // groups
     scale = scaling if scaling is not None else dim ** -0.5
-    if count >= PACKED_SDPA_QUERIES and attention_mask is not None:
+    if count >= PACKED_SDPA_QUERIES and batch > 1 and attention_mask is not None:
         # the mask [B, 1, T, L] -> [B, 1, groups x T, L]: the same for each packed head's queries
         mask = attention_mask[:, :, None].expand(-1, -1, heads // kv_heads, -1, -1).reshape(batch, 1, -1, key.shape[2])
         out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
