@@ -89,7 +89,7 @@ def test_false_start_is_dropped_then_a_turn_with_a_short_pause_is_one_turn() -> 
             # all of the turn went in, the pause's silence too once the caller went on; of the silence after
             # it only the 5 chunks up to the prepared answer, the rest of the hang-over is left out
             assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 1.44))]  # (from the click on)
-            assert done["metrics"]["engine"]["ttft_ms"] == 0.0  # prepared during the hang-over
+            assert done["metrics"]["engine"]["ready_before_ms"] > 0  # prepared during the hang-over
             assert kinds(events) == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                                      "conversation.state", "input_audio_buffer.committed", "response.created",
                                      "conversation.state", "response.done", "conversation.state"]

@@ -462,7 +462,7 @@ class Conversation:
         cache, talker = self.cache.length, self.talker.user_length if self.talker is not None else None
         generator = self.generator.get_state()
         events: list[Event] = []
-        answer = yield from self._start_answer(events.append)
+        answer = yield from self._start_answer(events.append, time.perf_counter())
         self.slot.answer = None  # not the slot's answer until it starts (a call that ends now just drops it)
         self.prepared = Prepared(answer, events, before, pending, cache, talker, generator, time.perf_counter())
         return True
@@ -480,27 +480,27 @@ class Conversation:
             self.talker.cache.crop(prepared.talker_length)
         self.generator.set_state(prepared.generator)
 
-    def begin_answer(self, emit: Callable[[Event], None]) -> Prefilling[Answer]:
+    def begin_answer(self, emit: Callable[[Event], None], asked_at: float) -> Prefilling[Answer]:
         """Finish the caller's turn and start the answer: the one `prepare_answer` made ready if the turn did not
         change since, or else its tail and the assistant header prefilled now, the first token chosen and, with
-        speech, the Talker's assistant prefix prefilled. The frames then come from batched steps (`answer.tick`)."""
+        speech, the Talker's assistant prefix prefilled. The frames then come from batched steps (`answer.tick`).
+        `asked_at` (time.perf_counter()): when the answer was asked for, where its latency metrics start."""
         prepared, self.prepared = self.prepared, None
         if prepared is None:
-            return (yield from self._start_answer(emit))
+            return (yield from self._start_answer(emit, asked_at))
         answer = prepared.answer
         now = time.perf_counter()
-        answer.started = answer.step_started = now  # the caller's wait starts with the turn's end
+        answer.started = answer.step_started = asked_at  # the caller's wait starts with the turn's end
         answer.emit = emit
         for event in prepared.events:
             emit(event)
-        if answer.tokens:
-            answer.metrics["ttft_ms"] = 0.0
+        if answer.tokens:  # its first token goes out now, made before
+            answer.metrics["ttft_ms"] = (now - asked_at) * 1e3
         answer.metrics["ready_before_ms"] = (now - prepared.ready_at) * 1e3
         self.slot.answer = answer
         return answer
 
-    def _start_answer(self, emit: Callable[[Event], None]) -> Prefilling[Answer]:
-        started = time.perf_counter()
+    def _start_answer(self, emit: Callable[[Event], None], started: float) -> Prefilling[Answer]:
         i = self.ids
         tail = self.pending
         self.pending = np.zeros(0, dtype=np.float32)

@@ -319,9 +319,11 @@ class Session:
         events: asyncio.Queue[Event | Exception] = asyncio.Queue()
         self._interrupt = None
         self._answering = True
+        asked_at = time.perf_counter()
 
         def start():
-            answer = yield from conv.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+            answer = yield from conv.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+                                                  asked_at)
             self.engine.add_answer(answer)
             return answer
 

@@ -13,7 +13,9 @@ callers who are talking still have their audio taken in.
 A job may be a generator (a session's turn work, see `Conversation`): it yields requests (audio to encode, a
 short prefill). The worker then starts every queued job of the other sessions too, up to their first request,
 and runs all the requests as one round (`run_requests`: one pass of the audio encoder, one batched prefill),
-round after round until the jobs are done. Eight callers who end their turns at the same moment so cost about
+round after round until the jobs are done. Within a round, between one session's rest of the work and the next
+(host work of milliseconds: its Talker's prefills), answer starts that came meanwhile join and a due step runs,
+so a prepared answer starts at once and a new answer's first frames are not held up by others' turn ends. Eight callers who end their turns at the same moment so cost about
 one turn end's launches and weight reads instead of eight. A session's jobs keep their order: a job waits while
 an earlier one of the same session (its `key`) is in a round.
 """
@@ -72,6 +74,7 @@ class Worker:
         self._order = itertools.count()
         self._answers: list[Answer] = []  # touched on the worker thread only
         self._slice_spent = 0.0  # job time since the last step
+        self._mark = time.perf_counter()  # when job time was last counted into the slice
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -130,23 +133,31 @@ class Worker:
                 if job is None:
                     self._step_answers()
                     continue
-                started = time.perf_counter()
+                self._mark = time.perf_counter()
                 waiting: dict[Any, _Waiting] = {}
                 self._start(job, waiting)
                 while waiting:  # rounds, until every generator job taken in is done
                     self._join(waiting, job.priority)
                     self._round(waiting)
-                    now = time.perf_counter()
-                    self._slice_spent += now - started
-                    started = now
-                    if waiting and self._step_due():
-                        self._step_answers()
-                        started = time.perf_counter()
-                self._slice_spent += time.perf_counter() - started
+                    if waiting:
+                        self._step_if_due()
+                self._charge()
+
+    def _charge(self) -> None:
+        """Count the job time since the last mark against the slice."""
+        now = time.perf_counter()
+        self._slice_spent += now - self._mark
+        self._mark = now
+
+    def _step_if_due(self) -> None:
+        self._charge()
+        if self._answers and self._step_due():
+            self._step_answers()
 
     def _step_answers(self) -> None:
         self._advance()
         self._slice_spent = 0.0
+        self._mark = time.perf_counter()
 
     def _start(self, job: _Job, waiting: dict[Any, _Waiting]) -> None:
         """Run `job` up to its first request (then it waits in `waiting`), or to its end."""
@@ -173,11 +184,12 @@ class Worker:
         else:
             waiting[job.key if job.key is not None else id(job)] = _Waiting(job, work, request)
 
-    def _join(self, waiting: dict[Any, _Waiting], priority: int) -> None:
-        """Start the queued jobs of sessions with no job in the round (each session's first only), in order; in
-        a round of urgent jobs (answer starts), only urgent ones: a caller's answer never waits for others' audio."""
+    def _join(self, waiting: dict[Any, _Waiting], priority: int, busy: set = frozenset()) -> None:
+        """Start the queued jobs of sessions with no job in the round (each session's first only; `busy`: more
+        sessions to leave out), in order; in a round of urgent jobs (answer starts), only urgent ones: a caller's
+        answer never waits for others' audio."""
         with self._wake:
-            taken, seen = [], set(waiting)
+            taken, seen = [], set(waiting) | busy
             for job in sorted(self._jobs):
                 if job.key is None or job.key in seen:
                     continue
@@ -202,8 +214,13 @@ class Worker:
             for entry in entries:
                 self._resume(entry.job, entry.work, None, waiting, error=exc)
             return
+        busy = {entry.job.key for entry in entries}
         for entry, result in zip(entries, results):
             self._resume(entry.job, entry.work, result, waiting)
+            # Each session's rest of the round is host work of milliseconds (its Talker's prefills): in between,
+            # answer starts that came meanwhile join (a prepared answer starts at once) and a due step runs.
+            self._join(waiting, URGENT, busy)
+            self._step_if_due()
 
     def _advance(self) -> None:
         try:
