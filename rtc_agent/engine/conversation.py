@@ -81,7 +81,7 @@ class Prepared:
     answer: Answer
     events: list[Event]
     turn: Turn  # the turn as it was before its end was prefilled
-    pending: np.ndarray  # audio too short to encode, left out of the answer's turn
+    pending: np.ndarray  # the audio not yet prefilled before (the answer's prefill took it in; an undo gives it back)
     cache_length: int  # the Thinker cache's length before (the turn's end is sequential text: a crop undoes it)
     talker_length: int | None  # the Talker's user context before
     generator: torch.Tensor  # the slot's random state before the answer's first draws
