@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import pytest
+import torch
 
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from rtc_agent.engine import EngineFullError
@@ -151,3 +152,29 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
             run(session.close())
     assert (len(audios), 0) in rounds and (0, len(audios)) in rounds, rounds  # all three's chunks at once
     assert batched == alone
+
+
+def test_a_new_call_starts_from_the_kept_system_prompt():
+    """The first call with a system prompt prefills it and the pool keeps its keys and values; the next call, on
+    another slot, starts from that copy and answers as the first did."""
+    engine = engine_for(prefill_chunk_s=0)
+    engine.pool._prompts.clear()
+    audio = caller_audio(1.2, seed=12)
+    first = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+    second = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+    try:
+        prefilled = _answer(run(one_turn(first, audio)))
+        assert len(engine.pool._prompts) == 1
+        with torch.inference_mode():  # nothing left in its slot from earlier calls
+            for buffer in (*second._slot.cache.keys, *second._slot.cache.values):
+                buffer.zero_()
+        copied = _answer(run(one_turn(second, audio)))
+        assert first._slot.index != second._slot.index
+        assert copied == prefilled
+        other = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES, instructions="Be brief."))
+        run(one_turn(other, audio))
+        assert len(engine.pool._prompts) == 2  # another prompt: prefilled, and kept too
+        run(other.close())
+    finally:
+        run(first.close())
+        run(second.close())

@@ -387,6 +387,10 @@ class Conversation:
         """Prefill a kept segment into the Thinker's cache, where the context ends."""
         if not segment.ids:
             return
+        if segment.role == "system" and not self.cache.length:  # the same in every call with this prompt
+            self.core.pool.start_with(self.slot, segment.ids,
+                                      lambda: self.run_now(self._thinker_prefill(segment.ids, [])))
+            return
         base = self.cache.next_position
         positions = None if segment.positions is None else segment.positions + base
         self.run_now(self._thinker_prefill(segment.ids, segment.audio, segment.grids, positions))

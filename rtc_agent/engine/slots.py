@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,6 +48,7 @@ DEFAULT_CPU_SLOTS = 4
 MAX_AUTO_SLOTS = 16  # a batch of 16 still streams in real time on one H200 (docs/PERFORMANCE.md)
 GPU_RESERVE_BYTES = 6 << 30  # prefill activations (a long video turn), cuBLAS workspaces, the allocator's slack
 SLOT_OVERHEAD = 1.5  # a slot's graphs and Code2Wav buffers on top of its KV caches (measured: docs/PERFORMANCE.md)
+MAX_KEPT_PROMPTS = 8  # system prompts whose keys and values are kept for new calls (≈ 20 MB each at full size)
 
 
 def _cache_bytes(config, positions: int, dtype: torch.dtype) -> int:
@@ -162,6 +164,7 @@ class SlotPool:
         # in one memory pool: one runs at a time, and its outputs are used before the next one runs
         self._prefill_pool = torch.cuda.graph_pool_handle() if graphs else None
         self._prefill_inputs = DeviceCopy((3, count), torch.long, core.device)
+        self._prompts: dict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # see start_with
         self.slots = [self._make_slot(index) for index in range(count)]
         self._free = list(range(count))
         self._lock = threading.Lock()  # slots are taken on the event loop and given back on the worker
@@ -205,6 +208,28 @@ class SlotPool:
             if slot.index not in self._free:
                 self._free.append(slot.index)
                 self._free.sort()
+
+    def start_with(self, slot: Slot, ids: list[int], prefill: Callable[[], None]) -> None:
+        """Fill `slot`'s empty Thinker cache with `ids` (a system prompt, at positions 0 to n - 1): a copy of the
+        keys and values kept since a call first prefilled the same ids, which are the same in every slot, or else
+        `prefill()` and keep a copy. A new call so starts without the eager prefill of its system prompt (tens of
+        milliseconds on the worker, during which no other call's frame is made)."""
+        cache, key = slot.cache, tuple(ids)
+        if cache.length:
+            raise ValueError("a system prompt goes into an empty cache")
+        kept = self._prompts.get(key)
+        if kept is None:
+            prefill()
+            if len(self._prompts) >= MAX_KEPT_PROMPTS:
+                del self._prompts[next(iter(self._prompts))]
+            self._prompts[key] = ([k[:, :, :len(ids)].clone() for k in cache.keys],
+                                  [v[:, :, :len(ids)].clone() for v in cache.values])
+            return
+        cache.begin(len(ids))
+        for buffers, copies in zip((cache.keys, cache.values), kept):
+            for buffer, copy in zip(buffers, copies):
+                buffer[:, :, :len(ids)].copy_(copy)
+        cache.commit()
 
     # ----- the Thinker ----------------------------------------------------------------------------------------
     def thinker_stack(self, embeds: torch.Tensor, cache: StaticKVCache, graph_mode: bool = True,
