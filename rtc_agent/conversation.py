@@ -88,6 +88,35 @@ class Answer:
     text_only: bool = False  # written, not spoken: its text goes out as response.output_text.*
 
 
+@dataclasses.dataclass(frozen=True)
+class PushImage:
+    image: np.ndarray
+    at: float  # on the media clock, seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class PushText:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimAnswer:
+    frames_heard: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareAnswer:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class AbortTurn:
+    pass
+
+
+EngineCall = Audio | PushImage | PushText | TrimAnswer | PrepareAnswer | AbortTurn | Answer  # the worker's queue
+
+
 class Conversation:
     def __init__(
         self,
@@ -126,7 +155,7 @@ class Conversation:
         self._answer: Answer | None = None  # the answer being thought or spoken
         self._active_at = time.monotonic()  # when the caller last spoke or the last answer ended
         self._ids = itertools.count(1)
-        self._ops: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._ops: asyncio.Queue[EngineCall] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
 
@@ -160,7 +189,7 @@ class Conversation:
                 self._paused += chunks
                 self._semantic_add(chunks)
             if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
-                self._ops.put_nowait(("prepare", None))  # the turn may be ending: the engine makes the answer ready
+                self._ops.put_nowait(PrepareAnswer())  # the turn may be ending: the engine makes the answer ready
                 self._paused = []
         else:
             self._unpushed.append(chunk)
@@ -168,7 +197,7 @@ class Conversation:
             self._confirm_turn()
         elif signal is Signal.FALSE_START and not self._turn_confirmed:
             self._in_turn = False
-            self._ops.put_nowait(("abort", None))
+            self._ops.put_nowait(AbortTurn())
         elif signal is Signal.ENDED:
             self._speech_over(self._detector.end_silence_ms)
         elif self._semantic is not None and self._turn_confirmed and self._detector.active:
@@ -221,7 +250,7 @@ class Conversation:
         """Chunks received one after the other (a run never has a gap) go to the engine at their own time (and to
         the end-of-turn model, which has not had them yet)."""
         if chunks:
-            self._ops.put_nowait(("audio", Audio(chunks[0].at_ms, np.concatenate([c.samples for c in chunks]))))
+            self._ops.put_nowait(Audio(chunks[0].at_ms, np.concatenate([c.samples for c in chunks])))
             if end_of_turn_model:
                 self._semantic_add(chunks)
 
@@ -237,7 +266,7 @@ class Conversation:
         if self._clock_ms <= self._image_at_ms:
             return
         self._image_at_ms = self._clock_ms
-        self._ops.put_nowait(("image", (image, self._clock_ms / 1000)))
+        self._ops.put_nowait(PushImage(image, self._clock_ms / 1000))
 
     def _end_turn(self, hangover_ms: int | None = None, respond: bool = True) -> None:
         """The caller's speech is committed: after `hangover_ms` of silence (automatic turns) or now (None: a
@@ -264,7 +293,7 @@ class Conversation:
             self._emit("input_audio_buffer.committed")
         self._emit("response.created", response={"id": answer.id, "status": "in_progress",
                                                  "output_modalities": ["text"] if answer.text_only else ["audio"]})
-        self._ops.put_nowait(("respond", answer))
+        self._ops.put_nowait(answer)
 
     # ---- client requests ----------------------------------------------------------------------------------
     def commit(self, respond: bool = True) -> None:
@@ -285,7 +314,7 @@ class Conversation:
         if self._in_turn:
             self._in_turn = self._turn_confirmed = False
             self._detector.reset()
-            self._ops.put_nowait(("abort", None))
+            self._ops.put_nowait(AbortTurn())
         self._unpushed.clear()
         self._paused = None
         self._emit("input_audio_buffer.cleared")
@@ -293,7 +322,7 @@ class Conversation:
     def add_text(self, text: str) -> None:
         """A typed message from the caller: it joins the caller's turn; `create_response` answers it."""
         self._input_waiting = True
-        self._ops.put_nowait(("text", text))
+        self._ops.put_nowait(PushText(text))
 
     def create_response(self) -> None:
         """response.create: answer now, taking the speech in progress (committed now) and what was committed or
@@ -327,7 +356,7 @@ class Conversation:
         if self._answer is not None and self.state != State.INTERRUPTED:
             self._interrupt(frames_heard)
         else:
-            self._ops.put_nowait(("trim", frames_heard))
+            self._ops.put_nowait(TrimAnswer(frames_heard))
 
     def _check_no_answer(self) -> None:
         if self._answer is not None and self.state != State.INTERRUPTED:
@@ -476,36 +505,37 @@ class Conversation:
 
     # ---- the engine worker --------------------------------------------------------------------------------
     async def _work(self) -> None:
-        following: tuple[str, Any] | None = None
+        following: EngineCall | None = None
         while True:
-            kind, arg = following or await self._ops.get()
+            call = following or await self._ops.get()
             following = None
             try:
-                if kind == "audio":  # audio queued up back to back, with no gap, goes to the engine in one call
-                    run = [arg]
-                    while following is None and not self._ops.empty():
-                        following = self._ops.get_nowait()
-                        if following[0] == "audio" and following[1].at_ms == run[-1].end_ms:
-                            run.append(following[1])
-                            following = None
-                    samples = np.concatenate([a.samples for a in run])
-                    await self.session.push_audio(samples, at=run[0].at_ms / 1000)
-                elif kind == "image":
-                    await self._push_image(*arg)
-                elif kind == "text":
-                    await self.session.push_text(arg)
-                elif kind == "trim":
-                    await self.session.cancel(arg)
-                elif kind == "prepare":
-                    await self.session.prepare_answer()
-                elif kind == "abort":
-                    await self.session.abort_turn()
-                elif kind == "respond":
-                    await self._answer_one(arg)
+                match call:
+                    case Audio():  # audio queued up back to back, with no gap, goes to the engine in one call
+                        run = [call]
+                        while following is None and not self._ops.empty():
+                            following = self._ops.get_nowait()
+                            if isinstance(following, Audio) and following.at_ms == run[-1].end_ms:
+                                run.append(following)
+                                following = None
+                        samples = np.concatenate([a.samples for a in run])
+                        await self.session.push_audio(samples, at=run[0].at_ms / 1000)
+                    case PushImage(image, at):
+                        await self._push_image(image, at)
+                    case PushText(text):
+                        await self.session.push_text(text)
+                    case TrimAnswer(frames_heard):
+                        await self.session.cancel(frames_heard)
+                    case PrepareAnswer():
+                        await self.session.prepare_answer()
+                    case AbortTurn():
+                        await self.session.abort_turn()
+                    case Answer():
+                        await self._answer_one(call)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.exception("engine call %s failed", kind)
+                log.exception("engine call %s failed", type(call).__name__)
                 self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
 
     async def _push_image(self, image: np.ndarray, at: float) -> None:

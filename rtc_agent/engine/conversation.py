@@ -127,10 +127,11 @@ class Conversation:
     """One call's context in its session slot: the conversation so far (kept so the cache can be rebuilt), the
     caller's turn being prefilled, and the start and end of each answer (`begin_answer`, `close`).
 
-    The methods that take in the caller's turn (`add_audio`, `flush`, `begin_answer`) are generators: each stretch
-    of audio to encode is yielded as an `AudioRequest` and each short Thinker prefill as a `PrefillRequest`, and
-    the worker sends back the result once it has run it, batched with the requests of other sessions that came at
-    the same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one here and now."""
+    The methods that take in the caller's turn (`add_audio`, `flush`, `prepare_answer`, `begin_answer`) are
+    generators: each stretch of audio to encode is yielded as an `AudioRequest` and each short Thinker prefill as a
+    `PrefillRequest`, and the worker sends back the result once it has run it, batched with the requests of other
+    sessions that came at the same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one
+    here and now."""
 
     def __init__(self, core, slot: Slot, options: SessionOptions) -> None:
         self.core = core
