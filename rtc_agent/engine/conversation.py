@@ -347,13 +347,13 @@ class Conversation:
             embeds = embeds.clone()
             embeds[0, video] = torch.cat([g.embeds for g in grids]).to(embeds.dtype)
             layers = len(grids[0].deepstack)
-            deepstack = (video, [torch.cat([g.deepstack[i] for g in grids]) for i in range(layers)])
+            deepstack = embeds.new_zeros(layers, *embeds.shape)  # the video tokens' features, zeros elsewhere
+            deepstack[:, 0, video] = torch.stack([torch.cat([g.deepstack[i] for g in grids]) for i in range(layers)])
         positions = explicit_positions(positions, self.cache)
         if positions is None and deepstack is None and PrefillRequest.fits(self.cache, embeds.shape[1]):
             hidden, captured = yield PrefillRequest(self.slot, embeds)
         else:
-            hidden, captured = self.core.pool.thinker_stack(embeds, self.cache, graph_mode=False, positions=positions,
-                                                            deepstack=deepstack)
+            hidden, captured = self.core.pool.prefill_at(self.slot, embeds, positions, deepstack)
         return hidden, captured, embeds
 
     def run_now(self, work: Prefilling[T]) -> T:

@@ -135,6 +135,7 @@ def commit_rows(caches: list[StaticKVCache | None]) -> None:
 
 
 PREFILL_GRAPH_POSITIONS = 32  # one graphed prefill covers a 1 s audio chunk (13 tokens) plus turn markers
+VIDEO_PREFILL_POSITIONS = 256  # one graphed prefill at TMRoPE positions: a 1 s chunk with a second or two of video
 
 
 def replay_at(step: CapturedStep, cache: StaticKVCache, count: int, *inputs: torch.Tensor):
@@ -148,18 +149,53 @@ def replay_at(step: CapturedStep, cache: StaticKVCache, count: int, *inputs: tor
 
 class PaddedPrefill:
     """A prefill of up to `size` positions as one graph: shorter inputs are padded with zeros. The padding's keys
-    land beyond the cache's length, where masks hide them and the next write overwrites them."""
+    land beyond the cache's length, where masks hide them and the next write overwrites them.
 
-    def __init__(self, fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], cache: StaticKVCache, hidden: int,
-                 dtype: torch.dtype, size: int = PREFILL_GRAPH_POSITIONS) -> None:
-        self.cache, self.size = cache, size
-        self.step = CapturedStep(fn, torch.zeros(1, size, hidden, dtype=dtype, device=cache.position.device))
+    With `positioned`, the graph also takes rotary positions [3, 1, size] and, for `deepstack_layers` > 0,
+    deepstack features [layers, 1, size, hidden]: the prefills of turns with video, at TMRoPE positions, which
+    are longer (a second of 4:3 camera is 108 tokens) and run as several replays when longer than `size`."""
+
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], cache: StaticKVCache, hidden: int,
+                 dtype: torch.dtype, size: int = PREFILL_GRAPH_POSITIONS, positioned: bool = False,
+                 deepstack_layers: int = 0, graph: bool = True, pool: Any = None) -> None:
+        self.cache, self.size, self.positioned, self.deepstack_layers = cache, size, positioned, deepstack_layers
+        device = cache.position.device
+        example = [torch.zeros(1, size, hidden, dtype=dtype, device=device)]
+        if positioned:
+            example.append(torch.zeros(3, 1, size, dtype=torch.long, device=device))
+            if deepstack_layers:
+                example.append(torch.zeros(deepstack_layers, 1, size, hidden, dtype=dtype, device=device))
+        self.step = CapturedStep(fn, *example, graph=graph, pool=pool)
 
     def fits(self, count: int) -> bool:
-        return count <= self.size and self.cache.length + self.size <= self.cache.max_len
+        # Up to two replays: a longer prefill (a cache rebuild, many held seconds of video) has kernels big enough
+        # to be cheaper eagerly than replayed in pieces.
+        longest = 2 * self.size if self.positioned else self.size
+        return count <= longest and self.cache.length + count + self.size <= self.cache.max_len
 
-    def __call__(self, embeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(self, embeds: torch.Tensor, positions: torch.Tensor | None = None,
+                 deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Append `embeds` [1, T, hidden] (at `positions` [3, 1, T], with `deepstack` [layers, 1, T, hidden]
+        where the graph takes them); returns its outputs for those T positions. After explicit positions the
+        cache's next sequential position is the last token's largest + 1, as after an eager prefill."""
         count = embeds.shape[1]
-        padded = torch.nn.functional.pad(embeds, (0, 0, 0, self.size - count))
-        outputs = replay_at(self.step, self.cache, count, padded)
+        if count > self.size:  # several replays; each one's outputs are copied before the next overwrites them
+            pieces = []
+            for start in range(0, count, self.size):
+                end = start + self.size
+                part = self(embeds[:, start:end], None if positions is None else positions[..., start:end],
+                            None if deepstack is None else deepstack[:, :, start:end])
+                pieces.append([out.clone() for out in part])
+            return tuple(torch.cat(outs, dim=1) for outs in zip(*pieces))
+        pad = self.size - count
+        inputs = [torch.nn.functional.pad(embeds, (0, 0, 0, pad))]
+        if self.positioned:
+            inputs.append(torch.nn.functional.pad(positions, (0, pad)))
+        if self.deepstack_layers:
+            if deepstack is None:  # no video in these positions
+                deepstack = embeds.new_zeros(self.deepstack_layers, 1, count, embeds.shape[-1])
+            inputs.append(torch.nn.functional.pad(deepstack, (0, 0, 0, pad)))
+        outputs = replay_at(self.step, self.cache, count, *inputs)
+        if self.positioned:
+            self.cache.set_next_position(int(positions[:, 0, -1].max()) + 1)
         return tuple(out[:, :count] for out in outputs)

@@ -20,7 +20,8 @@ import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
-from .graphs import PREFILL_GRAPH_POSITIONS, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
+from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
+                     begin_rows, commit_rows)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_noise
@@ -103,6 +104,7 @@ class Slot:
     index: int
     cache: StaticKVCache  # the Thinker's context: row `index` of the pool's cache
     prefill: PaddedPrefill | None  # short Thinker prefills on that row as one graph (GPU)
+    video_prefill: PaddedPrefill | None  # and those at TMRoPE positions, with video (GPU, calls with video)
     talker: TalkerRow | None
     code2wav: StreamingCode2Wav | None
     generator: torch.Generator
@@ -144,7 +146,8 @@ class SlotPool:
         self.talker = self.code2wav = None
         if core.speech:
             fused = fused_active(options.fast_sampling, core.device)
-            self.talker = Talker(model, count, options.context_tokens + options.max_frames + 16, graphs, fused)
+            self.talker = Talker(model, count, options.context_tokens + options.max_frames + 16, graphs, fused,
+                                 video=bool(options.video_window_s))
             self.code2wav = Code2WavRows(model.code2wav, count, options.max_frames + 1, graphs)
         # The Thinker's steps next to the frames, on a high-priority stream: a stream of its own (torch hands out
         # normal-priority streams round-robin from a pool of 32) and first on the GPU when both streams have work.
@@ -172,13 +175,15 @@ class SlotPool:
     def _make_slot(self, index: int) -> Slot:
         core = self.core
         cache = self.cache.row(index)
-        prefill = None
+        prefill = video_prefill = None
         if self.graphs:
             hidden = core.model.config.thinker_config.text_config.hidden_size
             prefill = PaddedPrefill(lambda e: self.thinker_stack(e, cache, graph_mode=True), cache, hidden, core.dtype)
+            if core.options.video_window_s:
+                video_prefill = self.video_prefill(cache)
         code2wav = self.code2wav.rows[index] if self.code2wav is not None else None
         talker = self.talker.rows[index] if self.talker is not None else None
-        return Slot(index, cache, prefill, talker, code2wav, torch.Generator(device=core.device))
+        return Slot(index, cache, prefill, video_prefill, talker, code2wav, torch.Generator(device=core.device))
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -233,13 +238,34 @@ class SlotPool:
 
     # ----- the Thinker ----------------------------------------------------------------------------------------
     def thinker_stack(self, embeds: torch.Tensor, cache: StaticKVCache, graph_mode: bool = True,
-                      positions: torch.Tensor | None = None, deepstack=None) -> tuple[torch.Tensor, torch.Tensor]:
+                      positions: torch.Tensor | None = None,
+                      deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Thinker layers over `embeds`; also returns the hidden states the Talker reads (accept_hidden_layer)."""
         lm = self.core.model.thinker.model.language_model
         capture = self.core.model.config.talker_config.accept_hidden_layer if self.talker is not None else None
         hidden, captured = run_stack(lm, embeds, cache, mrope=True, capture_layer=capture, graph_mode=graph_mode,
                                      positions=positions, deepstack=deepstack)
         return hidden, hidden if captured is None else captured
+
+    def video_prefill(self, cache: StaticKVCache, size: int = VIDEO_PREFILL_POSITIONS,
+                      graph: bool = True) -> PaddedPrefill:
+        """A slot's graphed prefill at TMRoPE positions with deepstack features (`graph` False: the same code run
+        eagerly, as the CPU tests do)."""
+        config = self.core.model.config.thinker_config
+        return PaddedPrefill(lambda e, p, d: self.thinker_stack(e, cache, graph_mode=True, positions=p, deepstack=d),
+                             cache, config.text_config.hidden_size, self.core.dtype, size, positioned=True,
+                             deepstack_layers=len(config.vision_config.deepstack_visual_indexes), graph=graph,
+                             pool=self._prefill_pool)
+
+    def prefill_at(self, slot: Slot, embeds: torch.Tensor, positions: torch.Tensor | None,
+                   deepstack: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Thinker prefill of one slot at explicit TMRoPE `positions` [3, 1, T] (None: sequential) with video's
+        `deepstack` features [layers, 1, T, hidden] (or None): through the slot's positioned graph where it fits
+        (a turn's second of video: ≈ 120 tokens), else eagerly (a cache rebuild)."""
+        graph = slot.video_prefill
+        if graph is not None and positions is not None and graph.fits(embeds.shape[1]):
+            return graph(embeds, positions, deepstack)
+        return self.thinker_stack(embeds, slot.cache, graph_mode=False, positions=positions, deepstack=deepstack)
 
     def _thinker_step(self, rows: int) -> CapturedStep:
         if rows not in self._thinker_steps:

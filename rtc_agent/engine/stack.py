@@ -15,26 +15,28 @@ from .kv_cache import StaticKVCache
 
 
 def explicit_positions(positions: np.ndarray | None, cache: StaticKVCache) -> torch.Tensor | None:
-    """`positions` [3, T] as a tensor, or None where they are the sequential ones the cache would give anyway
-    (audio and text), which keeps those prefills on the graphed path."""
+    """`positions` [3, T] as a tensor [3, 1, T], or None where they are the sequential ones the cache would give
+    anyway (audio and text), which keeps those prefills on the sequential graphs."""
     if positions is None:
         return None
     start = cache.next_position
     if np.array_equal(positions, np.broadcast_to(np.arange(start, start + positions.shape[1]), positions.shape)):
         return None
-    return torch.from_numpy(np.ascontiguousarray(positions))
+    return torch.from_numpy(np.ascontiguousarray(positions))[:, None]
 
 
 def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrope: bool,
               capture_layer: int | None = None, graph_mode: bool = False, positions: torch.Tensor | None = None,
-              deepstack: tuple[torch.Tensor, list[torch.Tensor]] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Append `embeds` [batch, T, hidden] at the end of `cache` (batch 1 unless `graph_mode`: a batched step,
     each row at its own `cache.position`).
 
-    Rotary positions are `positions` [3, T] (TMRoPE: time, height, width) where given, and otherwise sequential
-    from `cache.next_position`; after explicit positions the next sequential one is the last token's largest + 1,
-    as in the library's `get_rope_index`. `deepstack` (a mask [T] of the video tokens and one feature tensor per
-    early layer) is added to those tokens after each of the first layers, as the library's Thinker does.
+    Rotary positions are `positions` [3, batch, T] (TMRoPE: time, height, width) where given, and otherwise
+    sequential from `cache.next_position`; after explicit positions the next sequential one is the last token's
+    largest + 1, as in the library's `get_rope_index` (set by the caller in `graph_mode`). `deepstack` [layers,
+    batch, T, hidden] holds the video tokens' deepstack features and zeros elsewhere; layer i's is added after
+    each of the first layers, as the library's Thinker adds them to the video tokens (adding zeros changes
+    nothing, and the dense form has fixed shapes for graphs).
 
     Returns the final normed hidden states [1, T, hidden] and, if `capture_layer` is given, what transformers
     reports as `hidden_states[capture_layer]` (the output of layer `capture_layer - 1`, before any deepstack
@@ -44,8 +46,6 @@ def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrop
     count = embeds.shape[1]
     graph = graph_mode and cache is not None
     if graph:  # fixed shapes, positions from device tensors: capturable as a CUDA graph
-        if positions is not None or deepstack is not None:
-            raise ValueError("explicit positions and deepstack features are not captured in graphs")
         slots, mask = cache.graph_step(count)
         rope = slots + cache.rope_delta_tensor[:, None]  # [batch, count]: each row at its own position
     else:
@@ -53,7 +53,7 @@ def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrop
         mask = cache.attention_mask(count, embeds.device)
         cache.begin(count)
     if positions is not None:
-        rope = positions.to(embeds.device)[:, None]
+        rope = positions.to(embeds.device)
     elif mrope:
         rope = rope[None].expand(3, *rope.shape)
     position_embeddings = model.rotary_emb(embeds, rope)
@@ -63,13 +63,12 @@ def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrop
                        past_key_values=cache, position_ids=None)
         if index + 1 == capture_layer:
             captured = hidden
-        if deepstack is not None and index < len(deepstack[1]):
-            hidden = hidden.clone()
-            hidden[0, deepstack[0]] += deepstack[1][index].to(hidden.dtype)
+        if deepstack is not None and index < len(deepstack):
+            hidden = hidden + deepstack[index]
     if graph:
         cache.graph_positions = None
     else:
         cache.commit()
         if positions is not None:
-            cache.set_next_position(int(positions[:, -1].max()) + 1)
+            cache.set_next_position(int(positions[:, 0, -1].max()) + 1)
     return model.norm(hidden), captured

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .graphs import CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
+from .graphs import VIDEO_PREFILL_POSITIONS, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_noise
 from .stack import explicit_positions, run_stack
@@ -22,7 +22,9 @@ class Talker:
     Code2Wav and the next Talker step as a device tensor. Code 0 travels to the host beside that work
     (`code0_values`), for the end-of-speech check."""
 
-    def __init__(self, model, slots: int, max_len: int, graphs: bool = False, fused_sampling: bool = False) -> None:
+    def __init__(self, model, slots: int, max_len: int, graphs: bool = False, fused_sampling: bool = False,
+                 video: bool = False) -> None:
+        """`video`: calls may have video, whose user parts come at TMRoPE positions (graphed on the GPU too)."""
         self.talker = model.talker
         self.config = model.config.talker_config
         param = next(self.talker.parameters())
@@ -43,6 +45,8 @@ class Talker:
         self._code0_host = HostCopy((slots, 1), torch.long, param.device)
         self._step_inputs = DeviceCopy((3, slots), torch.long, param.device)  # a step's positions, deltas, active
         self.graphs = graphs
+        self.video = video
+        self.prefill_pool = torch.cuda.graph_pool_handle() if graphs and video else None  # the rows' video prefills
         self.fused_sampling = fused_sampling  # draws with sampling.sample_triton (CUDA)
         self._views: dict[int, tuple[StaticKVCache, StaticKVCache]] = {}  # rows -> (talker, predictor) caches
         self._steps: dict[tuple[int, Sampling], CapturedStep] = {}
@@ -178,15 +182,27 @@ class TalkerRow:
         self.cache = talker.cache.row(index)
         self.user_length = 0  # positions of the cache that hold user parts (kept across turns)
         self._prefill: PaddedPrefill | None = None
+        self._video_prefill: PaddedPrefill | None = None  # user parts at TMRoPE positions (turns with video)
         if talker.graphs:
             self._prefill = PaddedPrefill(lambda e: talker._talker_logits(self.cache, e, graph_mode=True), self.cache,
                                           talker.config.text_config.hidden_size, talker.last_hidden.dtype)
+            if talker.video:
+                self._video_prefill = self.video_prefill()
+
+    def video_prefill(self, size: int = VIDEO_PREFILL_POSITIONS, graph: bool = True) -> PaddedPrefill:
+        """This row's graphed prefill at TMRoPE positions (`graph` False: the same code run eagerly, as the CPU
+        tests do)."""
+        talker = self.talker
+        return PaddedPrefill(lambda e, p: talker._talker_logits(self.cache, e, graph_mode=True, positions=p),
+                             self.cache, talker.config.text_config.hidden_size, talker.last_hidden.dtype, size,
+                             positioned=True, graph=graph, pool=talker.prefill_pool)
 
     def _run(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Talker layers over `embeds` at the end of the cache (at TMRoPE `positions` if given), through a graph
         where one fits."""
-        if positions is None and self._prefill is not None and self._prefill.fits(embeds.shape[1]):
-            return self._prefill(embeds)
+        graph = self._prefill if positions is None else self._video_prefill
+        if graph is not None and graph.fits(embeds.shape[1]):
+            return graph(embeds) if positions is None else graph(embeds, positions)
         return self.talker._talker_logits(self.cache, embeds, positions=positions)
 
     def reset(self) -> None:
