@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Many callers through the real server on a GPU machine (docs/PERFORMANCE.md, "Several callers"): the engine bench
-# for 1 and 8 sessions, then `rtc-agent serve` and `rtc-agent loadtest` with 1, 4, 8 and 16 callers at once, 8
-# callers joining one after another while the others are mid-answer, and one caller with the camera on. Turns
-# end by the 400 ms silence rule (server_vad): what is measured is the engine and the server, not the turn model.
+# for 1 and 8 sessions, then `rtc-agent serve`: the server's first two calls with the camera on, then
+# `rtc-agent loadtest` with 1, 4, 8 and 16 callers at once and 8 callers joining one after another while the others
+# are mid-answer. Turns end by the 400 ms silence rule (server_vad): what is measured is the engine and the server,
+# not the turn model.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_loadtest.sh [WAV] [VIDEO_WAV]
 # (BENCH_SESSIONS="8": the bench for those session counts only; "" for none. CHECK=8: first the batched-vs-alone
 # check, `checks.fast_path --sessions 8`)
@@ -44,6 +45,18 @@ until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1]
     kill -0 "$server" 2> /dev/null || { echo "serve exited:"; tail -30 "$out/serve.log"; exit 1; }
     sleep 2
 done
+for n in 1 2; do  # the server's first call, then the next one
+    timeout 120 python3 -m rtc_agent.cli call "$url" --wav "$video_wav" --video --json --ice-host-address 127.0.0.1 \
+        > "$out/call-video-$n.json" 2> "$out/call-video-$n.err"
+    python3 - "$out/call-video-$n.json" "$n" <<'PY'
+import json, sys
+for t in json.load(open(sys.argv[1]))["turns"]:
+    m = t["server"] or {}
+    print(f"video call {sys.argv[2]}, turn:", {
+        "heard_ms": t["client_latency_ms"], "server_ttfp_ms": m.get("ttfp_ms"),
+        "engine": {k: (m.get("engine") or {}).get(k) for k in ("ttft_ms", "ttfp_ms")}, "frames_late": m.get("frames_late")})
+PY
+done
 loadtest() {
     local name=$1; shift
     timeout 150 python3 -m rtc_agent.cli loadtest "$url" --wav "$wav" --retry-s 200 --ice-host-address 127.0.0.1 \
@@ -55,15 +68,5 @@ loadtest loadtest-4 --callers 4
 loadtest loadtest-8 --callers 8
 loadtest loadtest-16 --callers 16
 loadtest loadtest-8-joining --callers 8 --ramp-s 7
-timeout 120 python3 -m rtc_agent.cli call "$url" --wav "$video_wav" --video --json --ice-host-address 127.0.0.1 \
-    > "$out/call-video-1.json" 2> "$out/call-video-1.err"
-python3 - "$out/call-video-1.json" <<'PY'
-import json, sys
-for t in json.load(open(sys.argv[1]))["turns"]:
-    m = t["server"] or {}
-    print("video turn:", {"heard_ms": t["client_latency_ms"], "server_ttfp_ms": m.get("ttfp_ms"),
-                          "engine": {k: (m.get("engine") or {}).get(k) for k in ("ttft_ms", "ttfp_ms")},
-                          "frames_late": m.get("frames_late")})
-PY
 kill "$server"; wait "$server"
 grep -E "slots|GB" "$out/serve.log" | head -5

@@ -50,11 +50,6 @@ class Engine:
         attention.install(self.model, enabled=options.fast_attention and self.device.type == "cuda")
         norm.install(self.model, enabled=options.fast_norm and self.device.type == "cuda")
         rotary.install(self.model, enabled=options.fast_rotary and self.device.type == "cuda")
-        if self.device.type == "cuda":
-            # cuDNN's fused attention builds an execution plan for each new shape: an eager prefill of a length not
-            # seen before spent up to 1 s on that (H200), and a cached plan still costs ≈ 0.9 ms of host time per
-            # layer. The memory-efficient kernel the library's SDPA then picks has no per-shape setup.
-            torch.backends.cuda.enable_cudnn_sdp(False)
         self.ids = TokenIds.from_model(self.model, self.tokenizer)
         self.ready = False
         self.tts: dict[str, torch.Tensor] = {}

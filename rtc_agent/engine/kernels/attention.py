@@ -15,7 +15,8 @@ repeated per packed head: 82 -> 43 ms for 8 rows. A prefill of one row stays on 
 (the fused kernel gets only 16 blocks of queries to spread over the GPU).
 
 `install(model)` registers `decode_attention` with the library's attention interface for the Thinker's and the
-Talker's text stacks (CUDA only); a call with more than 32 query positions goes to the library's SDPA as before.
+Talker's text stacks (CUDA only); a call with more than 32 query positions goes to the library's SDPA as before,
+without cuDNN's kernel (`LONG_PREFILL_BACKENDS`).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -32,6 +34,10 @@ NAME = "rtc_agent_decode"
 
 SHORT_QUERIES = 32  # up to this many query positions (a decode step, a graphed prefill) are handled here
 PACKED_SDPA_QUERIES = 8  # from this many on (a batched prefill), the fused SDPA over packed heads
+# Longer prefills (eager ones of any length, the graphs of video seconds) leave cuDNN's fused attention out: it
+# builds an execution plan for each new shape, and an eager prefill of a length not seen before spent up to 1 s on
+# that (H200; ≈ 0.9 ms of host time per layer even with the plan cached). The memory-efficient kernel has no setup.
+LONG_PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -41,7 +47,8 @@ def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     [B, T, heads, D] as the library's SDPA does. More than `SHORT_QUERIES` positions go to the library's SDPA."""
     batch, heads, count, dim = query.shape
     if count > SHORT_QUERIES:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        with sdpa_kernel(LONG_PREFILL_BACKENDS):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads * count, dim)  # query head h reads KV head h // groups
     scale = scaling if scaling is not None else dim ** -0.5
@@ -49,7 +56,7 @@ def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         # the mask [B, 1, T, L] -> [B, 1, groups x T, L]: the same for each packed head's queries
         mask = attention_mask[:, :, None].expand(-1, -1, heads // kv_heads, -1, -1).reshape(batch, 1, -1, key.shape[2])
         out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
-        return out.view(batch, heads, count, dim).transpose(1, 2), None
+        return out.reshape(batch, heads, count, dim).transpose(1, 2), None  # (a copy where the kernel's out is strided)
     scores = (torch.matmul(grouped, key.transpose(2, 3)) * scale).view(batch, kv_heads, heads // kv_heads, count, -1)
     if attention_mask is not None:
         mask = attention_mask[:, :, None]  # [B, 1, 1, T, L]: the same for every head
