@@ -152,8 +152,9 @@ class PaddedPrefill:
     land beyond the cache's length, where masks hide them and the next write overwrites them.
 
     With `positioned`, the graph also takes rotary positions [3, 1, size] and, for `deepstack_layers` > 0,
-    deepstack features [layers, 1, size, hidden]: the prefills of turns with video, at TMRoPE positions, which
-    are longer (a second of 4:3 camera is 108 tokens) and run as several replays when longer than `size`."""
+    deepstack features [layers, 1, size, hidden]: the prefills of turns with video, at TMRoPE positions (a second
+    of 4:3 camera is 108 tokens). Longer prefills (a cache rebuild, many held seconds of video) run eagerly: on
+    the H200 two replays of 256 positions already cost what an eager prefill of 400 does."""
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], cache: StaticKVCache, hidden: int,
                  dtype: torch.dtype, size: int = PREFILL_GRAPH_POSITIONS, positioned: bool = False,
@@ -168,10 +169,7 @@ class PaddedPrefill:
         self.step = CapturedStep(fn, *example, graph=graph, pool=pool)
 
     def fits(self, count: int) -> bool:
-        # Up to two replays: a longer prefill (a cache rebuild, many held seconds of video) has kernels big enough
-        # to be cheaper eagerly than replayed in pieces.
-        longest = 2 * self.size if self.positioned else self.size
-        return count <= longest and self.cache.length + count + self.size <= self.cache.max_len
+        return count <= self.size and self.cache.length + self.size <= self.cache.max_len
 
     def __call__(self, embeds: torch.Tensor, positions: torch.Tensor | None = None,
                  deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -179,14 +177,6 @@ class PaddedPrefill:
         where the graph takes them); returns its outputs for those T positions. After explicit positions the
         cache's next sequential position is the last token's largest + 1, as after an eager prefill."""
         count = embeds.shape[1]
-        if count > self.size:  # several replays; each one's outputs are copied before the next overwrites them
-            pieces = []
-            for start in range(0, count, self.size):
-                end = start + self.size
-                part = self(embeds[:, start:end], None if positions is None else positions[..., start:end],
-                            None if deepstack is None else deepstack[:, :, start:end])
-                pieces.append([out.clone() for out in part])
-            return tuple(torch.cat(outs, dim=1) for outs in zip(*pieces))
         pad = self.size - count
         inputs = [torch.nn.functional.pad(embeds, (0, 0, 0, pad))]
         if self.positioned:
