@@ -54,7 +54,8 @@ for t in json.load(open(sys.argv[1]))["turns"]:
     m = t["server"] or {}
     print(f"video call {sys.argv[2]}, turn:", {
         "heard_ms": t["client_latency_ms"], "server_ttfp_ms": m.get("ttfp_ms"),
-        "engine": {k: (m.get("engine") or {}).get(k) for k in ("ttft_ms", "ttfp_ms")}, "frames_late": m.get("frames_late")})
+        "engine": {k: (m.get("engine") or {}).get(k) for k in ("ttft_ms", "ttfp_ms")},
+        "frames_late": m.get("frames_late")})
 PY
 done
 loadtest() {

@@ -20,8 +20,8 @@ import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
-from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
-                     begin_rows, commit_rows)
+from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, CapturedStep, DeviceCopy, HostCopy,
+                     PaddedPrefill, begin_rows, commit_rows)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_noise
