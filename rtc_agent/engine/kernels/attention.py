@@ -56,7 +56,7 @@ def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         # the mask [B, 1, T, L] -> [B, 1, groups x T, L]: the same for each packed head's queries
         mask = attention_mask[:, :, None].expand(-1, -1, heads // kv_heads, -1, -1).reshape(batch, 1, -1, key.shape[2])
         out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
-        # reshape, not view: the memory-efficient kernel's output is strided, and this copies it
+        # reshape, not view: SDPA's memory-efficient kernel returns a strided output (copied here)
         return out.reshape(batch, heads, count, dim).transpose(1, 2), None
     scores = (torch.matmul(grouped, key.transpose(2, 3)) * scale).view(batch, kv_heads, heads // kv_heads, count, -1)
     if attention_mask is not None:
