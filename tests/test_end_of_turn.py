@@ -40,6 +40,11 @@ def gap(samples: np.ndarray, rate: int) -> tuple[int, int]:
     return int(loud[i]), int(loud[i + 1] - loud[i])
 
 
+def timeline(call) -> list[tuple[float, str, str]]:
+    """The call's events so far, for a failure's message: (time, type, state), transcript deltas left out."""
+    return [(round(t, 2), e["type"], e.get("state", "")) for t, e in call.events if not e["type"].endswith("delta")]
+
+
 def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pause_low() -> None:
     scorer = shared_scorer()
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,9 +127,10 @@ def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the
             while (await call.next_event("conversation.state", timeout_s=30))["state"] != "speaking":
                 pass
             await asyncio.sleep(0.5)
-            await say(call, mic, "Stop, stop, wait a moment please.")
+            # one run of speech with no pause in it: semantic_vad would end a turn at a pause after "Stop,"
+            await say(call, mic, "Please wait a moment because I have another question for you.")
             cut = (await call.next_event("response.done", timeout_s=30))["response"]
-            assert cut["interrupted"] and cut["status"] == "cancelled"
+            assert cut["interrupted"] and cut["status"] == "cancelled", (cut, timeline(call))
             nxt = (await call.next_event("response.done", timeout_s=30))["response"]
             assert nxt["metrics"]["frames_sent"] > 0 and nxt["metrics"]["end_of_turn"]["type"] == "semantic_vad"
 
