@@ -1,4 +1,4 @@
-"""The espeak-ng speech sets that turn-taking is tuned and measured on (scripts/turn_latency.py,
+"""The synthetic speech sets that turn-taking is tuned and measured on (scripts/turn_latency.py,
 scripts/turn_tuning.py).
 
 Two sets of different sentences, each with complete questions and sentences with a 600-1000 ms SSML <break> in
@@ -6,10 +6,12 @@ the middle: `tuning` (the semantic_vad thresholds and check times were chosen on
 before any score of it was seen, never used to choose anything; the numbers reported come from it).
 Voice: espeak-ng's default English voice at its default rate. Other voices (en-us, en-gb-x-rp, en-us+f3) and a
 comma or "..." before the break (a continuation tone) were tried on a few sentences and separated complete from
-cut speech no better; Debian's archive here has no mbrola voices (docs/TURN_TAKING.md).
+cut speech no better; Debian's archive here has no mbrola voices. flite's four voices (`voice="flite:slt"`...)
+say the same sets for comparison: they separate no better either (docs/TURN_TAKING.md).
 """
 from __future__ import annotations
 
+import functools
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ import numpy as np
 
 from rtc_agent.client.microphone import load_audio
 
-LEVEL = 0.01  # |sample| above this is speech (espeak-ng's silence is exact zeros)
+LEVEL = 0.01  # |sample| above this is speech (espeak-ng's silence is exact zeros, flite's stays below 0.01)
 
 QUESTIONS = {
     "tuning": [
@@ -131,6 +133,9 @@ class Sentence:
     pause: tuple[int, int] | None  # the mid-sentence pause: first and last silent sample
 
 
+VOICES = ("espeak-ng", "flite:slt", "flite:rms", "flite:awb", "flite:kal16")  # flite: `apt-get install flite`
+
+
 def espeak(text: str, rate: int, pause_ms: int | None = None, rest: str = "", continuation: bool = False
            ) -> np.ndarray:
     """`text`, or with `pause_ms` an SSML break and then `rest`; `continuation` puts a comma before the break
@@ -145,19 +150,42 @@ def espeak(text: str, rate: int, pause_ms: int | None = None, rest: str = "", co
         return load_audio(str(path), rate)
 
 
-def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = False) -> list[Sentence]:
-    """The sentences of set `name` ("tuning" or "heldout"), of the kinds asked for ("questions", "paused");
-    `continuation`: the paused ones with a comma before their break (see `espeak`)."""
+def flite(voice: str, text: str, rate: int, pause_ms: int | None = None, rest: str = "",
+          continuation: bool = False) -> np.ndarray:
+    """As `espeak`, said by one of flite's voices. flite ignores SSML breaks, so a paused sentence is its two parts
+    said one after the other with `pause_ms` of digital silence between them (the first part then ends as an
+    utterance does; with `continuation`, on a comma)."""
+    if pause_ms is None:
+        return _flite(voice, text, rate)
+    before = _flite(voice, text + ("," if continuation else ""), rate)
+    before = before[:np.flatnonzero(np.abs(before) > LEVEL)[-1] + 1]
+    return np.concatenate([before, np.zeros(rate * pause_ms // 1000, np.float32), _flite(voice, rest, rate)])
+
+
+def _flite(voice: str, text: str, rate: int) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "s.wav"
+        subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(path)], check=True)
+        return load_audio(str(path), rate)
+
+
+def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = False, voice: str = "espeak-ng"
+               ) -> list[Sentence]:
+    """The sentences of set `name` ("tuning" or "heldout"), of the kinds asked for ("questions", "paused"), said
+    by `voice` (one of VOICES); `continuation`: the paused ones with a comma before their break (see `espeak`)."""
     if name not in QUESTIONS:
         raise ValueError(f"unknown speech set {name!r} (one of {', '.join(SETS)})")
+    if voice not in VOICES:
+        raise ValueError(f"unknown voice {voice!r} (one of {', '.join(VOICES)})")
+    synthesize = espeak if voice == "espeak-ng" else functools.partial(flite, voice.split(":")[1])
     out = []
     if "questions" in kinds:
         for q in QUESTIONS[name]:
-            s = espeak(q, rate)
+            s = synthesize(q, rate)
             out.append(Sentence("question", q, s, int(np.flatnonzero(np.abs(s) > LEVEL)[-1]), None))
     if "paused" in kinds:
         for before, ms, after in PAUSED[name]:
-            s = espeak(before, rate, ms, after, continuation)
+            s = synthesize(before, rate, ms, after, continuation)
             loud = np.flatnonzero(np.abs(s) > LEVEL)
             i = int(np.argmax(np.diff(loud)))
             out.append(Sentence("paused", f"{before}{',' if continuation else ''} <{ms} ms> {after}", s, int(loud[-1]),

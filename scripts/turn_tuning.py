@@ -4,12 +4,15 @@
     .venv/bin/python scripts/turn_tuning.py --set tuning --out tuning.json     # score every 32 ms of silence
     .venv/bin/python scripts/turn_tuning.py --load tuning.json --search        # choose check times / thresholds
     .venv/bin/python scripts/turn_tuning.py --set heldout --out heldout.json   # then only evaluate on held-out
+    .venv/bin/python scripts/turn_tuning.py --set heldout --voice flite:slt    # the same sentences, another voice
 
 Each sentence of a set (scripts/turn_speech.py) goes through silero-vad and the server's TurnDetector chunk by
 chunk, as in a call (16 kHz, 32 ms chunks, no Opus); at every chunk of every silence after confirmed speech the
 end-of-turn model scores the turn's audio so far. A policy (media/end_of_turn.Eagerness) is then replayed on
 those scores: when each verdict would come (check time + the verdict's own time) and whether it ends the turn,
-in the mid-sentence pause (a cut-in) or after the real end (the wait).
+in the mid-sentence pause (a cut-in) or after the real end (the wait). It also prints a ceiling for every
+policy that decides early: how many questions any one threshold could end within 256 ms of silence while it
+keeps --floor of the pauses.
 """
 from __future__ import annotations
 
@@ -27,17 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtc_agent.config import TurnSettings  # noqa: E402
 from rtc_agent.media.end_of_turn import EAGERNESS, Eagerness, EndOfTurnModel  # noqa: E402
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
-from turn_speech import SETS, speech_set  # noqa: E402
+from turn_speech import SETS, VOICES, speech_set  # noqa: E402
 
 RATE = 16_000
 LONGEST_MS = 1600  # scores kept after the real end
 VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/TURN_TAKING.md)
 
 
-def trajectories(name: str, kinds: list[str], continuation: bool) -> list[dict[str, Any]]:
+def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) -> list[dict[str, Any]]:
     model, vad, turn = EndOfTurnModel(), SpeechProbability(), TurnSettings()
     out = []
-    for s in speech_set(name, kinds, RATE, continuation):
+    for s in speech_set(name, kinds, RATE, continuation, voice):
         vad.reset()
         detector = TurnDetector(turn.vad_threshold, 10_000, turn.min_speech_ms)
         audio = np.concatenate([s.samples, np.zeros(RATE * 2, np.float32)])
@@ -92,6 +95,28 @@ def evaluate(rows: list[dict[str, Any]], e: Eagerness) -> dict[str, Any]:
             "not_cut_share": (paused - cut["paused"]) / paused}
 
 
+def early_bound(rows: list[dict[str, Any]], floor: float, within_ms: int = 256) -> tuple[int, int, float]:
+    """The most complete questions any single threshold could end within `within_ms` of silence (a verdict at every
+    chunk, the best one counts) while at least `floor` of the cut sentences stay below it over as much of each
+    of their pauses: (questions, of how many, the threshold). A ceiling for every policy that decides early."""
+    k = within_ms // CHUNK_MS
+    q = np.array([max(r["final"][:k]) for r in rows if r["kind"] == "question"])
+    cut = np.array([max(max(m[:k]) for m in r["mid"]) if r["mid"] else 0.0 for r in rows if r["kind"] == "paused"])
+    share, threshold = max(((q >= t).mean(), t) for t in np.unique(np.concatenate([q, cut, [1.01]]))
+                           if (cut < t).mean() >= floor)
+    return round(share * len(q)), len(q), float(threshold)
+
+
+def separation(rows: list[dict[str, Any]], silence_ms: int) -> float:
+    """The chance that a complete question scores above a sentence cut in its (longest) pause, both `silence_ms`
+    into the silence: 0.5 when the model cannot tell them apart, 1 when it always can."""
+    k = silence_ms // CHUNK_MS - 1
+    q = np.array([r["final"][k] for r in rows if r["kind"] == "question" and len(r["final"]) > k])
+    cut = np.array([max(r["mid"], key=len)[k] for r in rows
+                    if r["kind"] == "paused" and r["mid"] and len(max(r["mid"], key=len)) > k])
+    return float(((q[:, None] > cut[None]) + 0.5 * (q[:, None] == cut[None])).mean())
+
+
 def search(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any], Eagerness]]:
     """Policies that keep at least `floor` of the pauses, fastest P50 then P90 first."""
     found = []
@@ -112,12 +137,16 @@ def main() -> None:
     p.add_argument("--set", choices=SETS, help="score this speech set")
     p.add_argument("--kinds", default="questions,paused", help="questions, paused or both")
     p.add_argument("--continuation", action="store_true", help="a comma before each mid-sentence break")
+    p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says the set")
     p.add_argument("--out", help="keep the scores here (JSON)")
     p.add_argument("--load", help="scores made before (JSON) instead of --set")
     p.add_argument("--search", action="store_true", help="look for the fastest policies that keep --floor")
     p.add_argument("--floor", type=float, default=0.85, help="share of pauses not cut, at least")
     args = p.parse_args()
-    rows = json.loads(Path(args.load).read_text()) if args.load else trajectories(args.set, args.kinds.split(","), args.continuation)
+    if args.load:
+        rows = json.loads(Path(args.load).read_text())
+    else:
+        rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice)
     if args.out:
         Path(args.out).write_text(json.dumps(rows))
     tails = [r["vad_tail_ms"] for r in rows if r["kind"] == "question"]
@@ -125,6 +154,10 @@ def main() -> None:
           f"P90 {np.percentile(tails, 90):.0f} ms")
     for name, e in EAGERNESS.items():
         print(name, evaluate(rows, e))
+    print("separation of complete from cut: " + ", ".join(f"{ms} ms {separation(rows, ms):.2f}" for ms in (128, 256)))
+    ended, questions, threshold = early_bound(rows, args.floor)
+    print(f"at most {ended}/{questions} questions can end within 256 ms of silence while {args.floor:.0%} of the "
+          f"pauses are kept (threshold {threshold:.3f})")
     if args.search:
         for r, e in search(rows, args.floor)[:15]:
             print(r, e)
