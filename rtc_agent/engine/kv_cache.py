@@ -126,6 +126,18 @@ class StaticKVCache:
             return self.graph_positions, None
         return self.graph_positions, mask[:, None]
 
+    def fixed_step(self, position: int, count: int) -> tuple[torch.Tensor, torch.Tensor | None, int | None]:
+        """`graph_step` for `count` queries of every row at `position`, made once for a step that always runs
+        there (the code predictor's): (positions, mask, visible keys), for `use_fixed_step`."""
+        self.position.fill_(position)
+        positions, mask = self.graph_step(count)
+        self.graph_positions = None
+        return positions.clone(), mask, self._visible
+
+    def use_fixed_step(self, positions: torch.Tensor, visible: int | None) -> None:
+        """The forward that follows writes at `positions` and attends over `visible` keys (from `fixed_step`)."""
+        self.graph_positions, self._visible = positions, visible
+
     def write(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """Store `key`/`value` [batch, kv_heads, count, dim] at each row's `graph_positions`."""
         write_rows(self.keys[layer_idx], self.graph_positions, key)

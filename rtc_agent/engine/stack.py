@@ -7,6 +7,8 @@ directly keeps the per-step work to the layers themselves and lets the same func
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
@@ -25,9 +27,28 @@ def explicit_positions(positions: np.ndarray | None, cache: StaticKVCache) -> to
     return torch.from_numpy(np.ascontiguousarray(positions))[:, None]
 
 
+@dataclass(frozen=True)
+class FixedStep:
+    """A graph-mode step that always runs at the same positions (each of the code predictor's 15: every frame
+    starts its cache over), prepared once: where it writes, its mask and its rotary tables. Inside a captured
+    step these would otherwise be remade on every replay, a dozen kernels each time."""
+    positions: torch.Tensor  # [batch, count] cache slots
+    mask: torch.Tensor | None
+    visible: int | None  # keys attended over on the CPU (None: the whole buffer)
+    rotary: tuple[torch.Tensor, torch.Tensor]  # (cos, sin)
+
+    @classmethod
+    def at(cls, model: nn.Module, cache: StaticKVCache, position: int, count: int, dtype: torch.dtype) -> "FixedStep":
+        """`count` queries of every row of `cache` at `position` (sequential rotary positions, no TMRoPE)."""
+        slots, mask, visible = cache.fixed_step(position, count)
+        rope = slots + cache.rope_delta_tensor[:, None]
+        return cls(slots, mask, visible, model.rotary_emb(torch.zeros(1, dtype=dtype, device=slots.device), rope))
+
+
 def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrope: bool,
               capture_layer: int | None = None, graph_mode: bool = False, positions: torch.Tensor | None = None,
-              deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              deepstack: torch.Tensor | None = None, fixed: FixedStep | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Append `embeds` [batch, T, hidden] at the end of `cache` (batch 1 unless `graph_mode`: a batched step,
     each row at its own `cache.position`).
 
@@ -41,22 +62,26 @@ def run_stack(model: nn.Module, embeds: torch.Tensor, cache: StaticKVCache, mrop
     Returns the final normed hidden states [1, T, hidden] and, if `capture_layer` is given, what transformers
     reports as `hidden_states[capture_layer]` (the output of layer `capture_layer - 1`, before any deepstack
     addition). With `graph_mode` the slots start at `cache.position` (a device tensor) and shapes are fixed, for
-    capture in a CUDA graph.
+    capture in a CUDA graph; `fixed` (graph mode only) gives that step's positions, mask and rotary tables.
     """
     count = embeds.shape[1]
     graph = graph_mode and cache is not None
-    if graph:  # fixed shapes, positions from device tensors: capturable as a CUDA graph
-        slots, mask = cache.graph_step(count)
-        rope = slots + cache.rope_delta_tensor[:, None]  # [batch, count]: each row at its own position
+    if fixed is not None:
+        cache.use_fixed_step(fixed.positions, fixed.visible)
+        mask, position_embeddings = fixed.mask, fixed.rotary
     else:
-        rope = torch.arange(count, device=embeds.device)[None] + cache.next_position
-        mask = cache.attention_mask(count, embeds.device)
-        cache.begin(count)
-    if positions is not None:
-        rope = positions.to(embeds.device)
-    elif mrope:
-        rope = rope[None].expand(3, *rope.shape)
-    position_embeddings = model.rotary_emb(embeds, rope)
+        if graph:  # fixed shapes, positions from device tensors: capturable as a CUDA graph
+            slots, mask = cache.graph_step(count)
+            rope = slots + cache.rope_delta_tensor[:, None]  # [batch, count]: each row at its own position
+        else:
+            rope = torch.arange(count, device=embeds.device)[None] + cache.next_position
+            mask = cache.attention_mask(count, embeds.device)
+            cache.begin(count)
+        if positions is not None:
+            rope = positions.to(embeds.device)
+        elif mrope:
+            rope = rope[None].expand(3, *rope.shape)
+        position_embeddings = model.rotary_emb(embeds, rope)
     hidden, captured = embeds, (embeds if capture_layer == 0 else None)
     for index, layer in enumerate(model.layers):
         hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,

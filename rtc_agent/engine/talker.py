@@ -9,7 +9,7 @@ import torch
 from .graphs import VIDEO_PREFILL_POSITIONS, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_noise
-from .stack import explicit_positions, run_stack
+from .stack import FixedStep, explicit_positions, run_stack
 
 
 class Talker:
@@ -84,7 +84,8 @@ class Talker:
         if key not in self._predictors:
             _, cache = self._view(rows)
             noise = torch.zeros(rows, (self.config.num_code_groups - 1) * self.residual_vocab, device=self.device)
-            self._predictors[key] = CapturedStep(lambda n: self._predict(cache, rows, n, sampling), noise,
+            steps = self._predictor_steps(rows)
+            self._predictors[key] = CapturedStep(lambda n: self._predict(cache, steps, n, sampling), noise,
                                                  graph=self.graphs)
         return self._predictors[key]
 
@@ -114,19 +115,26 @@ class Talker:
         self.code0[:rows].copy_(torch.where(active[:, None], code0, self.code0[:rows]))
         return self.code0[:rows]
 
-    def _predict(self, cache: StaticKVCache, rows: int, noise: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    def _predictor_steps(self, rows: int) -> list[FixedStep]:
+        """The code predictor's 15 steps for a batch of `rows`: step 0 at positions 0-1 (two inputs), step g at
+        position g + 1; the same in every frame."""
+        predictor, (_, cache) = self.talker.code_predictor, self._view(rows)
+        return [FixedStep.at(predictor.model, cache, 0 if group == 0 else group + 1, 2 if group == 0 else 1,
+                             self.last_hidden.dtype) for group in range(self.config.num_code_groups - 1)]
+
+    def _predict(self, cache: StaticKVCache, steps: list[FixedStep], noise: torch.Tensor, sampling: Sampling
+                 ) -> torch.Tensor:
         """Codes 1..15 [rows, 15] from each row's last hidden state and code 0: step 0 reads [hidden, embed(code
         0)], step g reads codec_embedding[g-1](code g); each step has its own lm_head."""
-        predictor = self.talker.code_predictor
+        predictor, rows = self.talker.code_predictor, noise.shape[0]
         noise = noise.view(rows, self.config.num_code_groups - 1, -1)
         code, codes = self.code0[:rows], []
-        for group in range(self.config.num_code_groups - 1):
+        for group, step in enumerate(steps):
             if group == 0:
                 embeds = torch.cat((self.last_hidden[:rows], self.talker.get_input_embeddings()(code)), dim=1)
             else:
                 embeds = predictor.model.codec_embedding[group - 1](code)
-            cache.position.fill_(0 if group == 0 else group + 1)
-            hidden, _ = run_stack(predictor.model, embeds, cache, mrope=False, graph_mode=True)
+            hidden, _ = run_stack(predictor.model, embeds, cache, mrope=False, graph_mode=True, fixed=step)
             code = choose(predictor.lm_head[group](hidden[:, -1]), sampling, noise=noise[:, group],
                           fused=self.fused_sampling).view(rows, 1)
             codes.append(code)
