@@ -210,7 +210,7 @@ class TalkerRow:
         where one fits."""
         graph = self._prefill if positions is None else self._video_prefill
         if graph is not None and graph.fits(embeds.shape[1]):
-            return graph(embeds) if positions is None else graph(embeds, positions)
+            return graph(embeds, positions)
         return self.talker._talker_logits(self.cache, embeds, positions=positions)
 
     def reset(self) -> None:
