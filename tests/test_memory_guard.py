@@ -115,7 +115,8 @@ def test_out_of_memory_in_a_turn_or_an_answer_ends_it_with_an_error_and_the_call
             return real(*args, **kwargs)
         return run_or_fail
 
-    monkeypatch.setattr(audio_input, "encode", fail_once("encode", audio_input.encode))  # a prefill of the turn
+    monkeypatch.setattr(audio_input.AudioEncoder, "__call__",  # a prefill of the turn
+                        fail_once("encode", audio_input.AudioEncoder.__call__))
     monkeypatch.setattr(answer, "_frames", fail_once("frames", answer._frames))  # a step of the answer loop
 
     async def main() -> None:

@@ -137,6 +137,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                                                   max_frames=args.answer_frames)) for n in range(args.sessions)]
     callers = await asyncio.gather(*(_caller(session, args, width, height, n) for n, session in enumerate(sessions)))
     stages = await engine.run(_stage_times, engine, [s._conversation for s in sessions]) if engine.speech else {}
+    encoder = await engine.run(_encoder_times, engine)
     video = sessions[0].video_stats()
     for session in sessions:
         await session.close()
@@ -164,6 +165,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "frame_ms": _percentiles(frame_ms),
         "rtf": round(max(rtf), 3) if rtf else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,
+        "audio_encoder_ms": encoder,
     }
     if args.video_s:
         result["video"] = {"camera_s_before_question": args.video_s, "size": args.video_size, "window_s": window,
@@ -256,21 +258,37 @@ def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict
         stream.reset()
         for _ in range(stream.context):
             stream.push(codes[0])
-    result = {}
-    for name, stage in stages.items():
-        times = []
-        for _ in range(repeats):
-            _sync(engine)
-            began = time.perf_counter()
-            stage()
-            _sync(engine)
-            times.append((time.perf_counter() - began) * 1e3)
-        result[name] = round(float(np.median(times)), 2)
+    result = {name: _median_ms(engine, stage, repeats) for name, stage in stages.items()}
     for conversation, (thinker_length, talker_length) in zip(conversations, lengths):
         conversation.cache.crop(thinker_length)
         conversation.talker.cache.crop(talker_length)
         conversation.code2wav.reset()
     return result
+
+
+def _encoder_times(engine: Engine, repeats: int = 20) -> dict[str, float]:
+    """Median cost of one pass of the audio encoder over a 1 s chunk from each of 1 and 8 callers (a prefill
+    chunk), host work included: the engine's fixed-shape steps against the library's encoder."""
+    mel = audio_input.log_mel(engine.feature_extractor, _caller_turn(0.99, seed=0))
+    tower = engine.model.thinker.model.audio_tower
+    result = {}
+    for callers in (1, 8):
+        features = [mel] * callers
+        result[f"{callers}_engine"] = _median_ms(engine, lambda: engine.audio_encoder(features), repeats)
+        result[f"{callers}_library"] = _median_ms(engine, lambda: audio_input.encode(tower, features), repeats)
+    return result
+
+
+def _median_ms(engine: Engine, fn, repeats: int) -> float:
+    """Median wall time of `fn()`, the device's queued work included."""
+    times = []
+    for _ in range(repeats):
+        _sync(engine)
+        began = time.perf_counter()
+        fn()
+        _sync(engine)
+        times.append((time.perf_counter() - began) * 1e3)
+    return round(float(np.median(times)), 2)
 
 
 def _bench_stock(engine: Engine, instructions: str, args) -> dict[str, Any]:

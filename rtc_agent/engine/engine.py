@@ -62,6 +62,7 @@ class Engine:
             self.pool = SlotPool(self, slot_count(self, options.max_sessions))
             defaults = SessionOptions()
             self.pool.capture(defaults.talker_sampling, defaults.predictor_sampling)
+            self.audio_encoder = audio_input.AudioEncoder(self.model.thinker.model.audio_tower, self.cuda_graphs)
         log.info("%d session slots ready in %.1f s", len(self.pool), time.perf_counter() - started)
         self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.run_requests,
                               threads=options.cpu_threads if self.device.type == "cpu" else None)
@@ -112,7 +113,7 @@ class Engine:
         return results
 
     def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
-        return audio_input.encode(self.model.thinker, [r.features for r in requests])
+        return self.audio_encoder([r.features for r in requests])
 
     def speaker_id(self, voice: str) -> int:
         return self.model.config.talker_config.speaker_id[voice]

@@ -1,0 +1,51 @@
+"""The fixed-shape audio encoder (the GPU's graphed one, run eagerly here) gives the library encoder's outputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine_helpers import caller_audio, engine_for
+from rtc_agent.engine import audio_input
+from rtc_agent.engine.checks import audio_encoder as check_audio_encoder
+
+# Mel frames per stretch (100 a second): a pause's short piece, whole and partial chunks, several callers' audio in
+# one pass, 10 s (two of the model's 8 s attention windows), and more chunks than the largest bucket (the library).
+TOLERANCE = 2e-6  # float32 on the CPU; the outputs are about 0.4 at most
+PASSES = [[37], [100], [250, 37, 163], [1000], [1000, 3, 420], [900, 900]]
+
+
+@pytest.mark.parametrize("frames", PASSES, ids=lambda f: "+".join(map(str, f)))
+def test_fixed_shape_encoder_equals_the_library_encoder(frames: list[int]) -> None:
+    engine = engine_for()
+    tower = engine.model.thinker.model.audio_tower
+    seconds = sum(frames) / 100 + 0.1
+    mel = audio_input.log_mel(engine.feature_extractor, caller_audio(seconds, seed=len(frames)))
+    starts = np.cumsum([0, *frames])
+    features = [mel[:, a:b] for a, b in zip(starts, starts[1:])]
+    with torch.inference_mode():
+        expected = audio_input.encode(tower, features)
+        got = engine.audio_encoder(features)
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    assert [g.shape[0] for g in got] == [audio_input.token_count(n) for n in frames]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=TOLERANCE)
+
+
+def test_the_comparison_tells_one_8_s_window_from_two() -> None:
+    """The tolerance above is tight enough to see a wrong window: 10 s encoded in one window instead of the
+    model's 8 s + 2 s differs from the library's outputs (by about 3e-4 on the tiny model; the right layout by
+    2e-7)."""
+    engine = engine_for()
+    tower = engine.model.thinker.model.audio_tower
+    features = [audio_input.log_mel(engine.feature_extractor, caller_audio(10.1, seed=1))[:, :1000]]
+    wrong = audio_input.AudioEncoder(tower, graphs=False)
+    wrong.window_chunks = 100
+    with torch.inference_mode():
+        expected, got = audio_input.encode(tower, features)[0], wrong(features)[0]
+    assert (got - expected).abs().max() > 10 * TOLERANCE
+
+
+def test_the_gpu_check_runs_and_passes_on_the_cpu() -> None:
+    result = check_audio_encoder.check(torch.device("cpu"), "tiny", min_cosine=0.999)
+    assert result["passed"] and len(result["passes"]) == len(check_audio_encoder.PASSES)
