@@ -12,6 +12,7 @@ from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from rtc_agent.engine import EngineFullError
 from rtc_agent.engine.audio_input import AudioRequest
 from rtc_agent.engine.slots import PrefillRequest
+from rtc_agent.engine.talker import TalkerPrefillRequest
 
 TOKENS, FRAMES = 6, 10
 
@@ -112,8 +113,8 @@ def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():
 
 def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
     """Three callers whose audio chunks and turn ends reach the worker at the same moment: their audio is encoded
-    in one pass and their prefills run as batched steps (rows at different cache lengths), and each answer equals
-    the one made alone."""
+    in one pass and their Thinker and Talker prefills run as batched steps (rows at different cache lengths), and
+    each answer equals the one made alone."""
     engine = engine_for(prefill_chunk_s=0.5)
     audios = [caller_audio(1.7, seed=6), caller_audio(1.1, seed=7), caller_audio(2.3, seed=8)]
     alone = []
@@ -122,12 +123,12 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
         alone.append(_answer(run(one_turn(session, audio))))
         run(session.close())
     worker = engine._worker
-    rounds: list[tuple[int, int]] = []  # (audio stretches, prefills) of each round
+    rounds: list[tuple[int, int, int]] = []  # (audio stretches, Thinker prefills, Talker prefills) of each round
     run_requests = worker._run_requests
 
     def recording(requests):
-        rounds.append((sum(isinstance(r, AudioRequest) for r in requests),
-                       sum(isinstance(r, PrefillRequest) for r in requests)))
+        rounds.append(tuple(sum(isinstance(r, kind) for r in requests)
+                            for kind in (AudioRequest, PrefillRequest, TalkerPrefillRequest)))
         return run_requests(requests)
 
     worker._run_requests = recording
@@ -150,7 +151,9 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
         worker._run_requests = run_requests
         for session in sessions:
             run(session.close())
-    assert (len(audios), 0) in rounds and (0, len(audios)) in rounds, rounds  # all three's chunks at once
+    callers = len(audios)  # all three's chunks at once, in each stage; and their answers' Talker prefixes
+    assert {(callers, 0, 0), (0, callers, 0), (0, 0, callers)} <= set(rounds), rounds
+    assert rounds.count((0, 0, callers)) >= 2, rounds
     assert batched == alone
 
 

@@ -260,9 +260,9 @@ def test_graphed_video_prefills_run_the_same_arithmetic():
     session = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
     slot = session._slot
     slot.video_prefill = engine.pool.video_prefill(slot.cache, size=64, graph=False)
-    slot.talker._video_prefill = slot.talker.video_prefill(size=64, graph=False)
+    slot.talker._video_graph = slot.talker.video_prefill(size=64, graph=False)
     calls = []
-    for graph in (slot.video_prefill, slot.talker._video_prefill):
+    for graph in (slot.video_prefill, slot.talker._video_graph):
         graph.step.fn = lambda *inputs, fn=graph.step.fn: calls.append(inputs[0].shape[1]) or fn(*inputs)
     texts, frames, _ = run(call_turn(session, audio, [(0.5 * n, f) for n, f in enumerate(video)]))
     stock_ids, stock_codes, _ = stock_video_generate(engine, audio, video, audio_in_video=True)

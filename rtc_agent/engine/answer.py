@@ -19,7 +19,8 @@ import torch
 
 from .events import Event, ResponseDone, SpeechFrame, TextDelta
 from .sampling import Sampling
-from .slots import SlotPool, rows_for
+from .graphs import rows_for
+from .slots import SlotPool
 
 FRAME_S = 0.08  # one codec frame of speech
 

@@ -17,7 +17,7 @@ from .kernels import attention, moe, norm, rotary
 from .engine import PREPARE_AFTER_SILENCE_MS, Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
 from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions
-from .slots import rows_for
+from .graphs import rows_for
 
 FRAME_S = 0.08
 

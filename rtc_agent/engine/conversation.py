@@ -23,6 +23,7 @@ from .options import SessionOptions
 from .sampling import choose
 from .slots import PrefillRequest, Slot
 from .stack import explicit_positions
+from .talker import TalkerPrefillRequest
 
 
 class TurnTooLongError(ValueError):
@@ -120,7 +121,7 @@ class TokenIds:
 
 
 T = TypeVar("T")
-Prefilling = Generator[PrefillRequest | audio_input.AudioRequest, Any, T]  # see `Conversation`
+Prefilling = Generator[PrefillRequest | TalkerPrefillRequest | audio_input.AudioRequest, Any, T]  # see `Conversation`
 
 
 class Conversation:
@@ -128,9 +129,10 @@ class Conversation:
     caller's turn being prefilled, and the start and end of each answer (`begin_answer`, `close`).
 
     The methods that take in the caller's turn (`add_audio`, `flush`, `prepare_answer`, `begin_answer`) are
-    generators: each stretch of audio to encode is yielded as an `AudioRequest` and each short Thinker prefill as a
-    `PrefillRequest`, and the worker sends back the result once it has run it, batched with the requests of other
-    sessions that came at the same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one
+    generators: each stretch of audio to encode is yielded as an `AudioRequest`, each short Thinker prefill as a
+    `PrefillRequest` and each short Talker prefill (a user part, an answer's prefix) as a `TalkerPrefillRequest`,
+    and the worker sends back the result once it has run it, batched with the requests of other sessions that
+    came at the same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one
     here and now."""
 
     def __init__(self, core, slot: Slot, options: SessionOptions) -> None:
@@ -316,14 +318,15 @@ class Conversation:
         positions = piece.position_array()
         hidden, captured, embeds = yield from self._thinker_prefill(piece.ids, piece.audio, piece.grids,
                                                                     positions + turn.base)
+        last = hidden[:, -1].clone()  # (a graph's output: the next round's prefills may overwrite it)
         user_len = len(piece.ids) - trailer
         turn.segment.extend(piece, positions, user_len)
         if self.talker is not None:
             segment = turn.segment
             part = self._talker_user_part(piece.ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
-            self.talker.prefill_user_part(part, positions[:, :user_len] + turn.talker_base)
             segment.talker_part = part if segment.talker_part is None else torch.cat((segment.talker_part, part), 1)
-        return hidden[:, -1]
+            yield from self.talker.prefill_user_part(part, positions[:, :user_len] + turn.talker_base)
+        return last
 
     def _place_turn(self) -> None:
         """The turn starts where the context ends, in the Thinker and in the Talker."""
@@ -398,7 +401,8 @@ class Conversation:
 
     def _prefill_talker_part(self, segment: Segment) -> None:
         if segment.talker_part is not None:
-            self.talker.prefill_user_part(segment.talker_part, segment.positions + self.talker.next_user_position())
+            self.run_now(self.talker.prefill_user_part(segment.talker_part,
+                                                       segment.positions + self.talker.next_user_position()))
 
     # ----- context budget ------------------------------------------------------------------------------------
     def _make_room(self, new_grids: int) -> None:
@@ -534,9 +538,9 @@ class Conversation:
             side = self.core.pool.side_stream
             if side is not None:  # the Thinker's side-stream steps come after its prefill on this stream
                 side.wait_stream(torch.cuda.current_stream())
-            self.talker.start_answer(self.core.text_input([header]), self.core.text_input([[token]]), self.core.tts,
-                                     self.core.speaker_id(self.options.voice), self.options.talker_sampling,
-                                     self.generator)
+            yield from self.talker.start_answer(self.core.text_input([header]), self.core.text_input([[token]]),
+                                                self.core.tts, self.core.speaker_id(self.options.voice),
+                                                self.options.talker_sampling, self.generator)
             answer.speaking = True
         return answer
 

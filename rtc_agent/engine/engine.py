@@ -28,6 +28,7 @@ from .loader import LoadedModel, load
 from .memory import EngineOutOfMemory, MemoryUse, read_memory
 from .options import EngineOptions, SessionOptions
 from .slots import PrefillRequest, Slot, SlotPool, estimated_slot_bytes, slot_count
+from .talker import TalkerPrefillRequest
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
@@ -101,11 +102,16 @@ class Engine:
         lm = self.model.thinker.model.language_model
         return self.project_text(lm.embed_tokens(torch.tensor(ids, device=self.device)))
 
-    def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest]) -> list[Any]:
+    def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest | TalkerPrefillRequest]
+                     ) -> list[Any]:
         """One round of the worker's batched work, results in order: every stretch of audio in one pass of the
-        audio encoder, then every prefill in one batched step (distinct slots)."""
+        audio encoder, then every Thinker prefill in one batched step, then every Talker prefill in one (each
+        session has at most one request in a round)."""
         results: list[Any] = [None] * len(requests)
-        for kind, run in ((audio_input.AudioRequest, self._encode), (PrefillRequest, self.pool.prefill)):
+        kinds = [(audio_input.AudioRequest, self._encode), (PrefillRequest, self.pool.prefill)]
+        if self.pool.talker is not None:
+            kinds.append((TalkerPrefillRequest, self.pool.talker.prefill))
+        for kind, run in kinds:
             index = [i for i, r in enumerate(requests) if isinstance(r, kind)]
             if index:
                 for i, result in zip(index, run([requests[i] for i in index])):

@@ -15,6 +15,20 @@ import torch
 from .kv_cache import StaticKVCache
 
 
+def batch_sizes(slots: int) -> list[int]:
+    """The batch sizes steps are captured for: powers of two below `slots`, and `slots` itself."""
+    sizes, size = [], 1
+    while size < slots:
+        sizes.append(size)
+        size *= 2
+    return sizes + [slots]
+
+
+def rows_for(highest_row: int, slots: int) -> int:
+    """The smallest captured batch that covers rows 0..`highest_row`."""
+    return next(size for size in batch_sizes(slots) if size > highest_row)
+
+
 class CapturedStep:
     """`fn(*inputs)` captured once; calling the object copies new inputs in and replays. With `graph` False (the
     CPU) it calls `fn` directly: the same step runs eagerly, so CPU tests run the code the GPU graphs run."""
@@ -189,3 +203,50 @@ class PaddedPrefill:
         if self.positioned:
             self.cache.set_next_position(int(positions[:, 0, -1].max()) + 1)
         return tuple(out[:, :count] for out in outputs)
+
+
+class BatchedPrefill:
+    """Short prefills (sequential positions, at most `PREFILL_GRAPH_POSITIONS`) of several rows of a batched
+    cache as one step over its first rows, captured per batch size: each row is appended at its own length,
+    padded with zeros (the padding lands past the row's length, where masks hide it), and rows without a prefill
+    sit the step out on the scratch position. The weights are read once for all the rows: a turn end that comes
+    to eight callers at once costs about what one costs.
+
+    `fn(embeds, view)` runs the stack over `embeds` [rows, PREFILL_GRAPH_POSITIONS, hidden] appended to `view`
+    (the first rows of `cache`, with positions of its own: a prefill on the main stream may still run when the
+    next decode step sets the decode views' positions on a side stream) and returns its outputs, each
+    [rows, PREFILL_GRAPH_POSITIONS, ...]. The steps of all batch sizes share `pool`: one runs at a time, and its
+    outputs are copied out before another replays."""
+
+    def __init__(self, cache: StaticKVCache, fn: Callable[[torch.Tensor, StaticKVCache], tuple[torch.Tensor, ...]],
+                 hidden: int, dtype: torch.dtype, graph: bool, pool: Any = None) -> None:
+        self.cache, self.fn, self.hidden, self.dtype, self.graph, self.pool = cache, fn, hidden, dtype, graph, pool
+        self.device = cache.position.device
+        self._views: dict[int, StaticKVCache] = {}
+        self._steps: dict[int, CapturedStep] = {}
+        self._inputs = DeviceCopy((3, cache.position.shape[0]), torch.long, self.device)
+
+    def capture(self, rows: int) -> CapturedStep:
+        """The step over the first `rows` rows (captured on first use; the engine does it at start-up)."""
+        if rows not in self._steps:
+            view = self._views[rows] = self.cache.batch_view(rows)
+            view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
+            example = torch.zeros(rows, PREFILL_GRAPH_POSITIONS, self.hidden, dtype=self.dtype, device=self.device)
+            self._steps[rows] = CapturedStep(lambda e: self.fn(e, view), example, graph=self.graph, pool=self.pool)
+        return self._steps[rows]
+
+    def __call__(self, rows: int, prefills: list[tuple[int, StaticKVCache, torch.Tensor]]
+                 ) -> list[tuple[torch.Tensor, ...]]:
+        """`prefills`: (row, that row's own cache, embeds [1, T, hidden]) for distinct rows below `rows`. Returns
+        each prefill's outputs for its T positions [1, T, ...], as copies."""
+        step = self.capture(rows)
+        embeds = torch.zeros(rows, PREFILL_GRAPH_POSITIONS, self.hidden, dtype=self.dtype, device=self.device)
+        caches: list[StaticKVCache | None] = [None] * rows
+        counts = [0] * rows
+        for row, cache, part in prefills:
+            embeds[row, :part.shape[1]] = part[0]
+            caches[row], counts[row] = cache, part.shape[1]
+        begin_rows(self._views[rows], caches, self._inputs, counts)
+        outputs = step(embeds)
+        commit_rows(caches)
+        return [tuple(out[row:row + 1, :counts[row]].clone() for out in outputs) for row, _, _ in prefills]

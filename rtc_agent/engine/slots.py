@@ -20,8 +20,8 @@ import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
-from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, CapturedStep, DeviceCopy, HostCopy,
-                     PaddedPrefill, begin_rows, commit_rows)
+from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy,
+                     HostCopy, PaddedPrefill, batch_sizes, begin_rows, commit_rows, rows_for)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_noise
@@ -29,20 +29,6 @@ from .stack import run_stack
 from .talker import Talker, TalkerRow
 
 log = logging.getLogger(__name__)
-
-
-def batch_sizes(slots: int) -> list[int]:
-    """The batch sizes steps are captured for: powers of two below `slots`, and `slots` itself."""
-    sizes, size = [], 1
-    while size < slots:
-        sizes.append(size)
-        size *= 2
-    return sizes + [slots]
-
-
-def rows_for(highest_row: int, slots: int) -> int:
-    """The smallest captured batch that covers rows 0..`highest_row`."""
-    return next(size for size in batch_sizes(slots) if size > highest_row)
 
 
 DEFAULT_CPU_SLOTS = 4
@@ -160,13 +146,10 @@ class SlotPool:
             self.frame_codes = HostCopy((count, groups), torch.long, core.device)
             self.frame_samples = HostCopy((count, FRAME_SAMPLES), torch.float32, core.device)
         self._views: dict[int, StaticKVCache] = {}  # per batch size, for the decode steps
-        self._prefill_views: dict[int, StaticKVCache] = {}  # and for the prefills: positions of their own, as a
-        # prefill on the main stream may still run when the next decode step (side stream) sets its positions
         self._thinker_steps: dict[int, CapturedStep] = {}
-        self._prefill_steps: dict[int, CapturedStep] = {}  # batched prefills, per batch size of 2 rows or more,
-        # in one memory pool: one runs at a time, and its outputs are used before the next one runs
-        self._prefill_pool = torch.cuda.graph_pool_handle() if graphs else None
-        self._prefill_inputs = DeviceCopy((3, count), torch.long, core.device)
+        self._prefill_pool = torch.cuda.graph_pool_handle() if graphs else None  # the slots' own prefill graphs too
+        self._batched_prefill = BatchedPrefill(self.cache, self.thinker_stack, thinker_config.hidden_size, core.dtype,
+                                               graphs, self._prefill_pool)
         self._prompts: dict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # see start_with
         self.slots = [self._make_slot(index) for index in range(count)]
         self._free = list(range(count))
@@ -197,7 +180,7 @@ class SlotPool:
         for rows in batch_sizes(len(self.slots)):
             self._thinker_step(rows)
             if rows > 1:
-                self._prefill_step(rows)
+                self._batched_prefill.capture(rows)
             if self.talker is not None:
                 self.talker.capture(rows, talker_sampling, predictor_sampling)
                 self.code2wav.capture(rows)
@@ -281,53 +264,27 @@ class SlotPool:
                                                      stream=self.side_stream, graph=self.graphs)
         return self._thinker_steps[rows]
 
-    def _view(self, rows: int, capture: bool = False, prefill: bool = False) -> StaticKVCache:
-        """The first `rows` rows of the Thinker's cache as one cache (one for decode steps, one for prefills); for a
-        `capture`, every row at the scratch position, so the capture's writes land there."""
-        views = self._prefill_views if prefill else self._views
-        if rows not in views:
-            views[rows] = self.cache.batch_view(rows)
-        view = views[rows]
+    def _view(self, rows: int, capture: bool = False) -> StaticKVCache:
+        """The first `rows` rows of the Thinker's cache as one cache, for decode steps; for a `capture`, every row
+        at the scratch position, so the capture's writes land there."""
+        if rows not in self._views:
+            self._views[rows] = self.cache.batch_view(rows)
+        view = self._views[rows]
         if capture:
             view.position.fill_(view.scratch)
         return view
 
-    def _prefill_step(self, rows: int) -> CapturedStep:
-        if rows not in self._prefill_steps:
-            view = self._view(rows, capture=True, prefill=True)
-            hidden = self.core.model.config.thinker_config.text_config.hidden_size
-            example = torch.zeros(rows, PREFILL_GRAPH_POSITIONS, hidden, dtype=self.core.dtype, device=self.core.device)
-            self._prefill_steps[rows] = CapturedStep(lambda e: self.thinker_stack(e, view), example,
-                                                     graph=self.graphs, pool=self._prefill_pool)
-        return self._prefill_steps[rows]
-
     def prefill(self, requests: list[PrefillRequest]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Run short Thinker prefills of distinct slots; returns each one's (hidden, captured) [1, T, hidden].
-
-        One request runs alone (its slot's graph, or eagerly on the CPU). Several run as one batched step over the
-        first rows, each row appended at its own length, padded to `PREFILL_GRAPH_POSITIONS` (the padding lands
-        past the row's length or on the scratch position, where masks hide it); rows without a request sit out
-        on the scratch position. The experts' weights are read once for all of them: a turn end that comes to
-        eight callers at once costs about what one costs."""
+        """Run short Thinker prefills of distinct slots; returns each one's (hidden, captured) [1, T, hidden]. One
+        request runs alone (its slot's graph, or eagerly on the CPU); several run as one batched step over the
+        first rows (`BatchedPrefill`)."""
         if len(requests) == 1:
             slot, embeds = requests[0].slot, requests[0].embeds
             if slot.prefill is not None and slot.prefill.fits(embeds.shape[1]):
                 return [slot.prefill(embeds)]
             return [self.thinker_stack(embeds, slot.cache, graph_mode=False)]
         rows = rows_for(max(r.slot.index for r in requests), len(self.slots))
-        step = self._prefill_step(rows)
-        embeds = requests[0].embeds.new_zeros(rows, PREFILL_GRAPH_POSITIONS, requests[0].embeds.shape[-1])
-        caches: list[StaticKVCache | None] = [None] * rows
-        counts = [0] * rows
-        for r in requests:
-            count = r.embeds.shape[1]
-            embeds[r.slot.index, :count] = r.embeds[0]
-            caches[r.slot.index], counts[r.slot.index] = r.slot.cache, count
-        begin_rows(self._view(rows, prefill=True), caches, self._prefill_inputs, counts)
-        hidden, captured = step(embeds)
-        commit_rows(caches)
-        return [(hidden[i:i + 1, :counts[i]], captured[i:i + 1, :counts[i]])
-                for i in (r.slot.index for r in requests)]
+        return self._batched_prefill(rows, [(r.slot.index, r.slot.cache, r.embeds) for r in requests])
 
     def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool) -> None:
         """Queue the next Thinker token of a batch: `rows[i]` is (slot, previous token, generator) for row i, or

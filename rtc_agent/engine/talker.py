@@ -6,10 +6,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .graphs import VIDEO_PREFILL_POSITIONS, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill, begin_rows, commit_rows
+from collections.abc import Generator
+from dataclasses import dataclass
+
+from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy,
+                     HostCopy, PaddedPrefill, begin_rows, commit_rows, rows_for)
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_noise
 from .stack import FixedStep, explicit_positions, run_stack
+
+
+@dataclass
+class TalkerPrefillRequest:
+    """A short Talker prefill at the end of one slot's Talker context (sequential positions, at most
+    `PREFILL_GRAPH_POSITIONS`): a user part, or an answer's assistant prefix. A session's job hands it to the
+    worker (`yield`), which runs those of several sessions as one batched step (`Talker.prefill`) and sends back
+    (hidden, logits)."""
+
+    row: "TalkerRow"
+    embeds: torch.Tensor  # [1, T, hidden]
+
+
+TalkerPrefilling = Generator[TalkerPrefillRequest, tuple[torch.Tensor, torch.Tensor], None]
 
 
 class Talker:
@@ -46,17 +64,29 @@ class Talker:
         self._step_inputs = DeviceCopy((3, slots), torch.long, param.device)  # a step's positions, deltas, active
         self.graphs = graphs
         self.video = video
-        self.prefill_pool = torch.cuda.graph_pool_handle() if graphs and video else None  # the rows' video prefills
+        self.prefill_pool = torch.cuda.graph_pool_handle() if graphs else None  # video and batched prefills
         self.fused_sampling = fused_sampling  # draws with sampling.sample_triton (CUDA)
         self._views: dict[int, tuple[StaticKVCache, StaticKVCache]] = {}  # rows -> (talker, predictor) caches
         self._steps: dict[tuple[int, Sampling], CapturedStep] = {}
         self._predictors: dict[tuple[int, Sampling], CapturedStep] = {}
+        self._batched_prefill = BatchedPrefill(self.cache, lambda e, view: self._talker_logits(view, e, graph_mode=True),
+                                               hidden, param.dtype, graphs, self.prefill_pool)
         self.rows = [TalkerRow(self, index) for index in range(slots)]
 
     def capture(self, rows: int, talker_sampling: Sampling, predictor_sampling: Sampling) -> None:
         """The steps of a batch of `rows` slots under these sampling settings (CUDA graphs on the GPU)."""
         self._step_for(rows, talker_sampling)
         self._predictor_for(rows, predictor_sampling)
+        if rows > 1:
+            self._batched_prefill.capture(rows)
+
+    def prefill(self, requests: list[TalkerPrefillRequest]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run short Talker prefills of distinct slots; returns each one's (hidden, logits) [1, T, ...]. One runs
+        alone (its row's graph, or eagerly on the CPU); several as one batched step over the first rows."""
+        if len(requests) == 1:
+            return [requests[0].row._run(requests[0].embeds)]
+        rows = rows_for(max(r.row.index for r in requests), len(self.rows))
+        return self._batched_prefill(rows, [(r.row.index, r.row.cache, r.embeds) for r in requests])
 
     def _view(self, rows: int) -> tuple[StaticKVCache, StaticKVCache]:
         if rows not in self._views:
@@ -189,13 +219,13 @@ class TalkerRow:
         self.talker, self.index = talker, index
         self.cache = talker.cache.row(index)
         self.user_length = 0  # positions of the cache that hold user parts (kept across turns)
-        self._prefill: PaddedPrefill | None = None
-        self._video_prefill: PaddedPrefill | None = None  # user parts at TMRoPE positions (turns with video)
+        self._graph: PaddedPrefill | None = None  # short prefills at sequential positions (GPU)
+        self._video_graph: PaddedPrefill | None = None  # user parts at TMRoPE positions (turns with video)
         if talker.graphs:
-            self._prefill = PaddedPrefill(lambda e: talker._talker_logits(self.cache, e, graph_mode=True), self.cache,
-                                          talker.config.text_config.hidden_size, talker.last_hidden.dtype)
+            self._graph = PaddedPrefill(lambda e: talker._talker_logits(self.cache, e, graph_mode=True), self.cache,
+                                        talker.config.text_config.hidden_size, talker.last_hidden.dtype)
             if talker.video:
-                self._video_prefill = self.video_prefill()
+                self._video_graph = self.video_prefill()
 
     def video_prefill(self, size: int = VIDEO_PREFILL_POSITIONS, graph: bool = True) -> PaddedPrefill:
         """This row's graphed prefill at TMRoPE positions (`graph` False: the same code run eagerly, as the CPU
@@ -208,7 +238,7 @@ class TalkerRow:
     def _run(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Talker layers over `embeds` at the end of the cache (at TMRoPE `positions` if given), through a graph
         where one fits."""
-        graph = self._prefill if positions is None else self._video_prefill
+        graph = self._graph if positions is None else self._video_graph
         if graph is not None and graph.fits(embeds.shape[1]):
             return graph(embeds, positions)
         return self.talker._talker_logits(self.cache, embeds, positions=positions)
@@ -223,18 +253,27 @@ class TalkerRow:
         self.cache.crop(self.user_length)
         return self.cache.next_position
 
-    def prefill_user_part(self, embeds: torch.Tensor, positions: np.ndarray) -> None:
+    def _prefill(self, embeds: torch.Tensor, positions: torch.Tensor | None = None
+                 ) -> Generator[TalkerPrefillRequest, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
+        """Talker layers over `embeds` at the end of the cache; a short one at sequential positions is yielded,
+        for the worker to batch with other slots'. Returns (hidden, logits)."""
+        if positions is None and embeds.shape[1] <= PREFILL_GRAPH_POSITIONS and \
+                self.cache.length + embeds.shape[1] <= self.cache.max_len:
+            return (yield TalkerPrefillRequest(self, embeds))
+        return self._run(embeds, positions)
+
+    def prefill_user_part(self, embeds: torch.Tensor, positions: np.ndarray) -> TalkerPrefilling:
         """Append a piece of a user turn (Talker input embeddings [1, T, hidden] at rotary `positions` [3, T]) to
         the kept user context."""
         self.cache.crop(self.user_length)
-        self._run(embeds, explicit_positions(positions, self.cache))
+        yield from self._prefill(embeds, explicit_positions(positions, self.cache))
         self.user_length = self.cache.length
 
     def end_answer(self) -> None:
         self.cache.crop(self.user_length)
 
     def start_answer(self, role_embeds: torch.Tensor, first_text: torch.Tensor, tts: dict[str, torch.Tensor],
-                     speaker_id: int, sampling: Sampling, generator) -> None:
+                     speaker_id: int, sampling: Sampling, generator) -> TalkerPrefilling:
         """Prefill the 9-position assistant prefix and choose code 0 of the first frame (on the device, in
         `Talker.code0` of this row).
 
@@ -248,7 +287,7 @@ class TalkerRow:
         codec = torch.cat((text.new_zeros(1, 3, text.shape[-1]), talker.talker.get_input_embeddings()(codec_ids)), dim=1)
         self.cache.crop(self.user_length)
         talker.seen[b].zero_()
-        hidden, logits = self._run(text + codec)
+        hidden, logits = yield from self._prefill(text + codec)
         talker.last_hidden[b].copy_(hidden[0, -1:])
         noise = talker.noise(sampling, talker.vocab, generator)
         talker.code0[b].copy_(talker.choose_code0(logits[:, -1], sampling, noise.view(1, -1), talker.seen[b:b + 1])[0])
