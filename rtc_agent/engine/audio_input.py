@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from .events import INPUT_SAMPLE_RATE
-from .graphs import CapturedStep
+from .graphs import CapturedStep, to_device
 from .kernels.attention import LONG_PREFILL_BACKENDS
 
 MEL_HOP = 160  # samples per mel frame at 16 kHz (100 frames/s)
@@ -105,16 +105,10 @@ class AudioEncoder:
         bucket = min((size for size in self.steps if size >= chunks), default=None)
         if bucket is None:
             return encode(self.tower, features)
-        padded, windows, keep = (self._to_device(x) for x in self._layout(features, bucket))
+        padded, windows, keep = (to_device(x, self.device) for x in self._layout(features, bucket))
         out = self.steps[bucket](padded.to(self.dtype), windows)
         out = out.index_select(0, keep)  # a copy: the step's output is overwritten by the next pass
         return list(out.split([token_count(f.shape[1], self.tower.n_window) for f in features]))
-
-    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
-        """`x` on the encoder's device, without waiting for the work queued before (through pinned memory)."""
-        if self.device.type != "cuda":
-            return x
-        return x.pin_memory().to(self.device, non_blocking=True)
 
     def _layout(self, features: list[torch.Tensor], bucket: int) -> tuple[torch.Tensor, ...]:
         """The step's inputs: the chunks [bucket, mel_bins, chunk_frames], zero-padded; each token slot's

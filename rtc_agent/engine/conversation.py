@@ -17,6 +17,7 @@ from . import audio_input, vision_input
 from .answer import Answer
 from .caller_video import CallerVideo
 from .events import INPUT_SAMPLE_RATE, Event
+from .graphs import to_device
 from .layout import Piece, TurnLayout
 from .memory import release_cached
 from .options import SessionOptions
@@ -339,7 +340,7 @@ class Conversation:
         (hidden, captured, embeds). A short one at sequential positions is yielded, for the worker to batch."""
         model = self.core.model
         lm = model.thinker.model.language_model
-        id_tensor = torch.tensor([ids], device=self.core.device)
+        id_tensor = to_device(torch.tensor([ids]), self.core.device)
         embeds = lm.embed_tokens(id_tensor)
         if audio:
             mask = (id_tensor == self.ids.audio).unsqueeze(-1).expand_as(embeds)
@@ -369,12 +370,17 @@ class Conversation:
             return stop.value
 
     def _talker_user_part(self, ids: list[int], embeds: torch.Tensor, captured: torch.Tensor) -> torch.Tensor:
+        """The Talker's input for a piece of the user turn: the Thinker's hidden states (`captured`) projected at
+        audio and video positions, its token embeddings projected at text positions. (Positions are picked on the
+        host, so nothing waits for the GPU here.)"""
         talker = self.core.model.talker
-        mm = torch.isin(torch.tensor(ids, device=embeds.device), torch.tensor(self.ids.multimodal, device=embeds.device))
-        part = torch.empty(1, len(ids), talker.config.text_config.hidden_size, device=embeds.device, dtype=embeds.dtype)
-        if mm.any():
-            part[0, mm] = talker.hidden_projection(captured[0, mm])
-        part[0, ~mm] = talker.text_projection(embeds[0, ~mm])
+        multimodal = np.isin(ids, self.ids.multimodal)
+        part = embeds.new_empty(1, len(ids), talker.config.text_config.hidden_size)
+        for chosen, project, source in ((multimodal, talker.hidden_projection, captured),
+                                        (~multimodal, talker.text_projection, embeds)):
+            if chosen.any():
+                index = to_device(torch.from_numpy(np.flatnonzero(chosen)), embeds.device)
+                part[0].index_copy_(0, index, project(source[0].index_select(0, index)))
         return part
 
     def _system_ids(self) -> list[int]:

@@ -24,6 +24,7 @@ from .kernels import attention, moe, norm, rotary
 from .answer import Answer, tick
 from .conversation import Conversation, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
+from .graphs import to_device
 from .loader import LoadedModel, load
 from .memory import EngineOutOfMemory, MemoryUse, read_memory
 from .options import EngineOptions, SessionOptions
@@ -100,7 +101,7 @@ class Engine:
         """The Talker's text-side input for rows of Thinker tokens: text_projection of their embeddings
         [rows, T, hidden]."""
         lm = self.model.thinker.model.language_model
-        return self.project_text(lm.embed_tokens(torch.tensor(ids, device=self.device)))
+        return self.project_text(lm.embed_tokens(to_device(torch.tensor(ids), self.device)))
 
     def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest | TalkerPrefillRequest]
                      ) -> list[Any]:

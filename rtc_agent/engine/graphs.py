@@ -79,6 +79,15 @@ def _warmup_stream() -> torch.cuda.Stream:
 _WARMUP_STREAM: torch.cuda.Stream | None = None
 
 
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the work queued before: a copy from pageable memory would
+    synchronise the stream (the host then idles until the GPU is done, and the GPU until the host queues more);
+    through pinned memory it is queued like a kernel."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
 class HostCopy:
     """A device value brought to the host without waiting for the work queued after it: `start` queues a copy
     into pinned memory on the current stream and marks it with an event; `get` waits for that event alone."""
