@@ -54,6 +54,9 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
                       "after its Retry-After (default 0: no waiting, a 503 is a failure)")
     load.add_argument("--gap-ms", type=float, default=120.0,
                       help="answer packets further apart than this count as a gap (default 120)")
+    load.add_argument("--processes", type=int, default=0,
+                      help="client processes to spread the callers over, each its own event loop (default 0: one "
+                           "per 4 callers, at most half the cores)")
     load.add_argument("--json", action="store_true", help="print one JSON object: settings, overall, callers")
 
     talk = sub.add_parser("talk", help="a live call with this machine's microphone and speaker")
@@ -81,11 +84,12 @@ def _logging(level: str) -> None:
 def _loadtest(args: argparse.Namespace) -> int:
     """Exit status 0 when every caller got every answer, 1 when any failed, 2 for bad arguments."""
     _logging("DEBUG" if args.verbose else "ERROR")  # a full server's refusals are in the report, not the log
-    from .client.loadtest import LoadSettings, print_loadtest, run_loadtest
+    from .client.loadtest import LoadSettings, default_processes, print_loadtest, run_loadtest
 
     try:
         settings = LoadSettings(callers=args.callers, ramp_s=args.ramp_s, turns=args.turns,
-                                max_wait_s=args.max_wait_s, retry_s=args.retry_s, gap_s=args.gap_ms / 1000)
+                                max_wait_s=args.max_wait_s, retry_s=args.retry_s, gap_s=args.gap_ms / 1000,
+                                processes=args.processes or default_processes(args.callers))
         report = asyncio.run(run_loadtest(
             args.url, args.wav, settings, token=args.token, voice=args.voice, instructions=args.instructions,
             verify_tls=not args.insecure, ice_servers=tuple(args.ice_servers),

@@ -6,7 +6,7 @@
 # not the turn model.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_loadtest.sh [WAV] [VIDEO_WAV]
 # (BENCH_SESSIONS="8": the bench for those session counts only; "" for none. CHECK=8: first the batched-vs-alone
-# check, `checks.fast_path --sessions 8`)
+# check, `checks.fast_path --sessions 8`. The graphed audio encoder's check, `checks.audio_encoder`, always runs.)
 set -u
 out=${OUT:-artifacts/loadtest}; mkdir -p "$out"
 model=${MODEL:-synthetic:30b-a3b}
@@ -19,9 +19,18 @@ summary() {  # one line per run: what the issue's targets read
 import json, sys
 o = json.load(open(sys.argv[1]))["overall"]
 print(sys.argv[1], {k: o.get(k) for k in ("connected", "answered", "heard_ms", "server_ttfp_ms", "engine_ttfp_ms",
-                                          "interval_ms_p90", "frames_late", "frames_dropped", "gaps", "failures")})
+                                          "interval_ms_p90", "frames_late", "frames_dropped", "gaps", "failures",
+                                          "client_loop_lag_ms_max")})
 PY
 }
+timeout 120 python3 -m rtc_agent.engine.checks.audio_encoder > "$out/check-audio-encoder.json" \
+    2> "$out/check-audio-encoder.err"
+python3 - "$out/check-audio-encoder.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("audio encoder check", {"passed": r["passed"], "passes": [(p["frames"], p["graph_vs_eager"], p["vs_library"])
+                                                                for p in r["passes"]]})
+PY
 if [ -n "${CHECK:-}" ]; then
     timeout 300 python3 -m rtc_agent.engine.checks.fast_path --model "$model" --sessions "$CHECK" \
         > "$out/check-sessions.json" 2> "$out/check-sessions.err"

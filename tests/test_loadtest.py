@@ -94,10 +94,28 @@ def test_with_retry_s_a_refused_caller_comes_back_after_retry_after(wav: str) ->
     run(main_())
 
 
+@needs_espeak
+def test_callers_spread_over_two_client_processes_are_reported_as_one_run(wav: str) -> None:
+    async def main_() -> None:
+        async with server(max_sessions=2) as (url, _):
+            code, out, err = await loadtest(url, "--callers", "2", "--processes", "2", "--wav", wav, "--json")
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["settings"]["processes"] == 2
+        callers = report["callers"]
+        assert [c["caller"] for c in callers] == [0, 1]
+        assert len({c["pid"] for c in callers}) == 2  # each in a process of its own
+        assert all(c["failure"] is None and c["summary"]["answered"] == 1 for c in callers)
+        assert (report["overall"]["answered"], report["overall"]["heard_ms"]["n"]) == (2, 2)
+
+    run(main_())
+
+
 def test_bad_arguments_are_refused_before_calling() -> None:
     # (the CLI as a process: in this one, Playwright's browser tests may have left an event loop running)
     for args, message in ((["--callers", "0"], "--callers must be between 1 and 256"),
-                          (["--wav", "/nonexistent.wav"], "nonexistent.wav")):
+                          (["--wav", "/nonexistent.wav"], "nonexistent.wav"),
+                          (["--callers", "2", "--processes", "3"], "--processes must be between 1 and --callers")):
         done = subprocess.run([sys.executable, "-m", "rtc_agent.cli", "loadtest", "http://127.0.0.1:9", *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and message in done.stderr, done.stderr

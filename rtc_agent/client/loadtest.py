@@ -1,13 +1,21 @@
-"""`rtc-agent loadtest URL --callers N`: N independent aiortc callers in this process, at once or ramped, each
-speaking the WAV's utterances as a person would (one, then wait for the answer to end, a pause, the next) and
-listening to the answers. Per caller and overall: the latency each caller hears, the server's own numbers from
-response.done (ttfp_ms, frames late and dropped), gaps in the answer audio as it arrived, and failures."""
+"""`rtc-agent loadtest URL --callers N`: N independent aiortc callers, at once or ramped, each speaking the WAV's
+utterances as a person would (one, then wait for the answer to end, a pause, the next) and listening to the
+answers. Per caller and overall: the latency each caller hears, the server's own numbers from response.done
+(ttfp_ms, frames late and dropped), gaps in the answer audio as it arrived, and failures.
+
+The callers are spread over `--processes` client processes (by default one per four callers, at most half the
+cores), each with its own event loop: a Python process receiving and decoding many calls' audio is late to see
+their packets arrive, and that lateness would be counted against the server."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
 import logging
+import math
+import multiprocessing
+import os
+import queue
 import shutil
 import subprocess
 import tempfile
@@ -27,7 +35,14 @@ DEFAULT_SENTENCE = "What is the weather like in Paris today?"
 PAUSE_S = 1.0  # after an answer ends, before the caller speaks again
 READY_POLL_S = 0.5
 MEDIA_START_S = 10.0  # from connected to the microphone's first packet
+PROCESS_START_S = 60.0  # for every client process to be ready (imports), before the callers start together
+CALLERS_PER_PROCESS = 4
 log = logging.getLogger(__name__)
+
+
+def default_processes(callers: int) -> int:
+    """Client processes for `callers`: one per `CALLERS_PER_PROCESS`, at most half this machine's cores."""
+    return max(1, min(math.ceil(callers / CALLERS_PER_PROCESS), (os.cpu_count() or 2) // 2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +53,13 @@ class LoadSettings:
     max_wait_s: float = 30.0  # after a turn's speech ends, for its answer to end; then it counts as a failure
     retry_s: float = 0.0  # retry a 503 (server_full, not_ready) this long, after its Retry-After; 0: fail
     gap_s: float = GAP_S
+    processes: int = 1  # client processes the callers are spread over, each with its own event loop
 
     def __post_init__(self) -> None:
         if not 1 <= self.callers <= 256:
             raise ValueError("--callers must be between 1 and 256")
+        if not 1 <= self.processes <= self.callers:
+            raise ValueError("--processes must be between 1 and --callers")
         if self.ramp_s < 0 or self.retry_s < 0:
             raise ValueError("--ramp-s and --retry-s must not be negative")
         if not 1 <= self.turns <= 100:
@@ -73,17 +91,75 @@ async def run_loadtest(url: str, wav: str | None, settings: LoadSettings, *, tok
                        verify_tls=verify_tls)
     if settings.retry_s:
         await wait_ready(url, settings.retry_s, verify_tls)
+    groups = [list(range(p, settings.callers, settings.processes)) for p in range(settings.processes)]
+    work = (url, samples, spans, settings, call_kwargs)
+    if len(groups) == 1:
+        callers, lag_ms = await _run_callers(groups[0], *work)
+    else:
+        parts = await asyncio.get_running_loop().run_in_executor(None, _in_processes, groups, work,
+                                                                 ice_host_addresses)
+        callers = sorted((c for part, _ in parts for c in part), key=lambda c: c["caller"])
+        lag_ms = max(lag for _, lag in parts)
+    return {"url": url.rstrip("/"), "wav": wav, "utterances": len(spans), "settings": dataclasses.asdict(settings),
+            "overall": summary(callers, lag_ms), "callers": callers}
+
+
+async def _run_callers(indices: list[int], url: str, samples: np.ndarray, spans: list[tuple[int, int]],
+                       settings: LoadSettings, call_kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    """The callers `indices` on this event loop; returns their results and how late the loop woke up at most."""
     lag = LoopLag()
     watcher = asyncio.ensure_future(lag.watch())
     try:
         callers = await asyncio.gather(*(
             _caller(i, i * settings.ramp_s / settings.callers, url, samples, spans, settings, call_kwargs)
-            for i in range(settings.callers)))
+            for i in indices))
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-    return {"url": url.rstrip("/"), "wav": wav, "utterances": len(spans), "settings": dataclasses.asdict(settings),
-            "overall": summary(callers, lag.max_ms), "callers": callers}
+    return list(callers), lag.max_ms
+
+
+def _in_processes(groups: list[list[int]], work: tuple, ice_host_addresses: tuple[str, ...]
+                  ) -> list[tuple[list[dict[str, Any]], float]]:
+    """Each group of callers in a process of its own (blocking). The processes start their callers together once
+    all of them are ready; each sends back `_run_callers`' result, or why it failed."""
+    context = multiprocessing.get_context("spawn")  # (a fork would copy this process's event loop and threads)
+    ready, results = context.Barrier(len(groups)), context.Queue()
+    processes = [context.Process(target=_process_main, daemon=True, name=f"loadtest-{n}",
+                                 args=(group, work, ice_host_addresses, logging.getLogger().level, ready, results))
+                 for n, group in enumerate(groups)]
+    for process in processes:
+        process.start()
+    parts = []
+    try:
+        while len(parts) < len(processes):
+            try:
+                part = results.get(timeout=1.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in processes):
+                    raise RuntimeError("a load-test client process died") from None
+                continue
+            if isinstance(part, str):
+                raise RuntimeError(f"a load-test client process failed: {part}")
+            parts.append(part)
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+    return parts
+
+
+def _process_main(indices: list[int], work: tuple, ice_host_addresses: tuple[str, ...], log_level: int,
+                  ready, results) -> None:
+    """A client process: its callers' results (or the error, as text) go into `results`."""
+    logging.basicConfig(level=log_level)
+    try:
+        use_host_addresses(ice_host_addresses)
+        ready.wait(PROCESS_START_S)
+        results.put(asyncio.run(_run_callers(indices, *work)))
+    except BaseException as exc:  # noqa: BLE001  (reported by the parent, which would otherwise wait on)
+        results.put(f"{type(exc).__name__}: {exc}")
 
 
 async def wait_ready(url: str, timeout_s: float, verify_tls: bool = True) -> None:
@@ -119,7 +195,7 @@ async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spa
                   settings: LoadSettings, call_kwargs: dict[str, Any]) -> dict[str, Any]:
     """One caller from dialling to hanging up. Its failures end up in its result, never in another caller's."""
     await asyncio.sleep(delay_s)
-    result: dict[str, Any] = {"caller": index, "session_id": None, "started_s": round(delay_s, 3),
+    result: dict[str, Any] = {"caller": index, "pid": os.getpid(), "session_id": None, "started_s": round(delay_s, 3),
                               "connected_ms": None, "attempts": None, "turns": [], "failure": None}
     call: Call | None = None
     try:
@@ -250,8 +326,9 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(report, indent=2))
         return
     s = report["settings"]
-    print(f"{s['callers']} callers on {report['url']} (ramp {s['ramp_s']:g} s), each saying {report['utterances']} "
-          f"utterance(s) x {s['turns']}; latencies are P50/P90 in ms")
+    print(f"{s['callers']} callers on {report['url']} (ramp {s['ramp_s']:g} s, {s['processes']} client "
+          f"process{'es' if s['processes'] > 1 else ''}), each saying {report['utterances']} utterance(s) x "
+          f"{s['turns']}; latencies are P50/P90 in ms")
     print(f"{'caller':>6} {'session':<18} {'connect':>16} {'answered':>9} {'heard':>11} {'server ttfp':>12} "
           f"{'late':>5} {'dropped':>8} {'gaps':>5}  failure")
     for c in report["callers"]:
@@ -278,5 +355,5 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     print(f"  frames sent {o['frames_sent']}, late {o['frames_late']}, dropped {o['frames_dropped']}; "
           f"gaps > {s['gap_s'] * 1000:.0f} ms in the received answer audio: {o['gaps']} "
           f"(longest interval {o['max_gap_ms']} ms)")
-    print(f"  this client's event loop woke up to {o['client_loop_lag_ms_max']} ms late"
+    print(f"  the client's event loops woke up to {o['client_loop_lag_ms_max']} ms late"
           + (" (high: the load tester itself may be the bottleneck)" if o["client_loop_lag_ms_max"] > 50 else ""))
