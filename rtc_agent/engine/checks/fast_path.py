@@ -13,6 +13,11 @@ best score and the score of the fast path's choice is measured: 0 where they agr
 magnitude) where the fast path took the other side of a near-tie, far more if the fast path computes something else.
 
 Prints one JSON object; exits 0 when the answers are equal or every forced gap is within --tolerance-steps.
+
+Prefills longer than a graph's (a system prompt) run eagerly on both paths, through the library's SDPA, but the
+fast path leaves cuDNN's kernel out of them (`attention.LONG_PREFILL_BACKENDS`) and the library's attention does
+not: their rounding differs before the first answer token. `--reference-long-prefills as-fast-path` gives the
+eager path's long prefills the fast path's backends, so that only what the fast path changes is compared.
 """
 from __future__ import annotations
 
@@ -26,10 +31,15 @@ import math
 import numpy as np
 import torch
 
+from torch.nn.attention import sdpa_kernel
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
 from .. import conversation as conversation_module
 from .. import slots as slots_module
 from .. import talker as talker_module
 from ..engine import Engine
+from ..kernels import attention
 from ..events import ResponseDone, SpeechFrame
 from ..loader import load
 from ..options import EngineOptions, SessionOptions
@@ -112,6 +122,24 @@ class _Forced:
         return result
 
 
+REFERENCE_ATTENTION = "rtc_agent_check_reference"
+
+
+def _reference_attention(module, query, key, value, attention_mask, **kwargs):
+    """The library's SDPA, with prefills longer than a graph's under the backends the fast path gives them."""
+    if query.shape[2] <= attention.SHORT_QUERIES:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    with sdpa_kernel(attention.LONG_PREFILL_BACKENDS):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _long_prefills_as_fast_path(model) -> None:
+    """The text stacks' library attention, long prefills on the fast path's backends (for the eager reference)."""
+    AttentionInterface.register(REFERENCE_ATTENTION, _reference_attention)
+    for config in attention.text_configs(model):
+        config._attn_implementation = REFERENCE_ATTENTION
+
+
 def _bf16_step(value: float) -> float:
     """The spacing of bf16 numbers at `value` (8 significant bits)."""
     return 2.0 ** (math.floor(math.log2(abs(value))) - 7) if value else 2.0 ** -133
@@ -136,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast-kernels", choices=("fast", "library"), default="fast",
                         help="kernels of the graphed run (library: compares graphs alone)")
     parser.add_argument("--no-overlap", action="store_true", help="graphed run without the Thinker's side stream")
+    parser.add_argument("--reference-long-prefills", choices=("library", "as-fast-path"), default="library",
+                        help="backends of the eager reference's long prefills (with --eager-kernels library)")
     parser.add_argument("--tolerance-steps", type=float, default=4.0,
                         help="largest forced gap, in bf16 steps, still taken for a near-tie")
     args = parser.parse_args(argv)
@@ -158,12 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     eager = engine(False, args.eager_kernels, 1)  # one caller at a time: the reference is each caller alone
+    if args.reference_long_prefills == "as-fast-path" and args.eager_kernels == "library":
+        _long_prefills_as_fast_path(loaded.model)
     references = [asyncio.run(_answer(eager, audio, args.tokens, args.frames)) for audio in audios]
     reports = [_compare(reference, answer, eager, audio, args)
                for reference, answer, audio in zip(references, answers, audios)]
     passed = all(r["passed"] for r in reports)
     common = {"model": args.model, "sessions": args.sessions, "overlap": not args.no_overlap,
-              "kernels": {"eager": args.eager_kernels, "graphs": args.fast_kernels}}
+              "kernels": {"eager": args.eager_kernels, "graphs": args.fast_kernels},
+              "reference_long_prefills": args.reference_long_prefills}
     print(json.dumps({**common, **reports[0]} if args.sessions == 1 else {**common, "passed": passed,
                                                                          "per_session": reports}))
     return 0 if passed else 1

@@ -67,7 +67,7 @@ def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return out.view(batch, heads, count, dim).transpose(1, 2), None
 
 
-def _text_configs(model: nn.Module) -> list:
+def text_configs(model: nn.Module) -> list:
     configs = [model.thinker.config.text_config]
     if getattr(model, "talker", None) is not None:
         configs.append(model.talker.config.text_config)
@@ -78,7 +78,7 @@ def install(model: nn.Module, enabled: bool = True) -> None:
     """Use `decode_attention` in the Thinker's and Talker's text stacks; `enabled` False puts back what the model
     had (a model never changed stays untouched)."""
     AttentionInterface.register(NAME, decode_attention)
-    for config in _text_configs(model):
+    for config in text_configs(model):
         if enabled and config._attn_implementation != NAME:
             config.rtc_agent_library_attention = config._attn_implementation
             config._attn_implementation = NAME
@@ -87,7 +87,7 @@ def install(model: nn.Module, enabled: bool = True) -> None:
 
 
 def active(model: nn.Module) -> bool:
-    return any(config._attn_implementation == NAME for config in _text_configs(model))
+    return any(config._attn_implementation == NAME for config in text_configs(model))
 
 
 @contextlib.contextmanager
