@@ -325,8 +325,8 @@ class Conversation:
         if self.talker is not None:
             segment = turn.segment
             part = self._talker_user_part(piece.ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
-            segment.talker_part = part if segment.talker_part is None else torch.cat((segment.talker_part, part), 1)
             yield from self.talker.prefill_user_part(part, positions[:, :user_len] + turn.talker_base)
+            segment.talker_part = part if segment.talker_part is None else torch.cat((segment.talker_part, part), 1)
         return last
 
     def _place_turn(self) -> None:

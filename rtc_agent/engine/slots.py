@@ -21,7 +21,7 @@ import torch
 from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
 from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy,
-                     HostCopy, PaddedPrefill, batch_sizes, begin_rows, commit_rows, rows_for)
+                     HostCopy, PaddedPrefill, batch_sizes, begin_rows, commit_rows, rows_for, to_device)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_noise
@@ -322,7 +322,7 @@ def choose_rows(logits: torch.Tensor, generators: list, samplings: list[Sampling
         if drawn:
             noise = torch.stack([gumbel_noise((logits.shape[1],), generators[i], logits.device) if i in drawn
                                  else logits.new_zeros(logits.shape[1], dtype=torch.float32) for i in members])
-        index = torch.tensor(members, device=logits.device) if len(members) < logits.shape[0] else None
+        index = to_device(torch.tensor(members), logits.device) if len(members) < logits.shape[0] else None
         rows = logits if index is None else logits.index_select(0, index)
         chosen = choose(rows, shared if drawn else replace(shared, greedy=True), noise=noise)
         if index is None:

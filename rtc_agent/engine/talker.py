@@ -3,14 +3,14 @@ parts each slot keeps across turns, and one frame per step for a batch of slots 
 1-15 from the code predictor)."""
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from collections.abc import Generator
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
 from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy,
-                     HostCopy, PaddedPrefill, begin_rows, commit_rows, rows_for)
+                     HostCopy, PaddedPrefill, begin_rows, commit_rows, rows_for, to_device)
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_noise
 from .stack import FixedStep, explicit_positions, run_stack
@@ -282,8 +282,8 @@ class TalkerRow:
         """
         talker, cfg, b = self.talker, self.talker.config, self.index
         text = torch.cat((role_embeds, tts["pad"].expand(1, 4, -1), tts["bos"], first_text), dim=1)
-        codec_ids = torch.tensor([[cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker_id,
-                                   cfg.codec_pad_id, cfg.codec_bos_id]], device=text.device)
+        codec_ids = to_device(torch.tensor([[cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id,
+                                             speaker_id, cfg.codec_pad_id, cfg.codec_bos_id]]), text.device)
         codec = torch.cat((text.new_zeros(1, 3, text.shape[-1]), talker.talker.get_input_embeddings()(codec_ids)), dim=1)
         self.cache.crop(self.user_length)
         talker.seen[b].zero_()
