@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from rtc_agent.engine.sampling import Sampling, choose, gumbel_noise, sample_torch
+from rtc_agent.engine.sampling import Sampling, choose, gumbel_noise, gumbel_rows, sample_torch
 
 SETTINGS = (Sampling(temperature=1.0, top_k=50, top_p=0.8), Sampling(temperature=0.9, top_k=50),
             Sampling(temperature=0.7, top_p=0.5), Sampling(temperature=1.3))
@@ -29,6 +29,22 @@ def test_torch_draw_keeps_only_the_cut_set():
     top_p = {int(sample_torch(scores, Sampling(top_p=0.6), gumbel_noise((1, 6), generator, scores.device)))
              for _ in range(300)}
     assert top_p == {0, 1}
+
+
+def test_noise_of_several_rows_is_each_row_drawn_alone_with_zeros_where_nothing_is_drawn():
+    """A frame's noise for every row at once (`gumbel_rows`) is what each row's own generator gives alone, and a
+    row that does not draw (greedy, or sitting out) gets zeros, so its argmax stays the greedy one."""
+    seeds = [3, None, 7, None]
+    generators = [torch.Generator().manual_seed(s) if s is not None else None for s in seeds]
+    rows = gumbel_rows(generators, 64, torch.device("cpu"))
+    assert rows.shape == (4, 64)
+    for seed, row in zip(seeds, rows):
+        if seed is None:
+            assert not row.any()
+        else:
+            assert torch.equal(row, gumbel_noise((64,), torch.Generator().manual_seed(seed), row.device))
+    assert torch.equal(gumbel_rows([torch.Generator().manual_seed(3)], 64, torch.device("cpu"))[0], rows[0])
+    assert not gumbel_rows([None, None], 8, torch.device("cpu")).any()
 
 
 def test_fused_is_not_taken_off_cuda():

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .events import Event, ResponseDone, SpeechFrame, TextDelta
-from .sampling import Sampling
 from .graphs import rows_for
+from .sampling import Sampling, gumbel_rows
 from .slots import SlotPool
 
 FRAME_S = 0.08  # one codec frame of speech
@@ -163,8 +163,7 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
     members = {a.row: a for a in group}
     talker_sampling, predictor_sampling = _shared(group, "talker_sampling"), _shared(group, "predictor_sampling")
     residual = (talker.config.num_code_groups - 1) * talker.residual_vocab
-    noise = torch.stack([talker.noise(members[r].options.predictor_sampling, residual, members[r].conversation.generator)
-                         if r in members else talker.noise(predictor_sampling, residual, None) for r in range(rows)])
+    noise = gumbel_rows(_draws(members, rows, "predictor_sampling"), residual, talker.device)
     codes = talker.frame_codes(rows, predictor_sampling, noise)
     code0 = talker.code0_values()
     going = []
@@ -228,6 +227,13 @@ def _speech(pool: SlotPool, rows: int, going: list[Answer], codes: torch.Tensor)
                         for a in going])
 
 
+def _draws(members: dict[int, Answer], rows: int, name: str) -> list[torch.Generator | None]:
+    """Each row's generator for a draw under its answer's `name` settings: None for a greedy answer's row and a
+    row without an answer (their noise is zeros)."""
+    return [a.conversation.generator if (a := members.get(r)) is not None and not getattr(a.options, name).greedy
+            else None for r in range(rows)]
+
+
 def _talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], codes: torch.Tensor,
                  texts: dict[int, torch.Tensor | int], sampling: Sampling) -> None:
     """The next Talker step of the rows in `texts` (the others sit it out)."""
@@ -236,6 +242,6 @@ def _talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], codes: t
     projected = dict(zip(token_rows, core.text_input([[texts[r]] for r in token_rows]))) if token_rows else {}
     blank = core.tts["pad"].new_zeros(1, 1, core.tts["pad"].shape[-1])
     text = torch.cat([projected[r][None] if r in projected else texts.get(r, blank) for r in range(rows)])
-    noise = torch.stack([talker.noise(members[r].options.talker_sampling, talker.vocab, members[r].conversation.generator)
-                         if r in texts else talker.noise(sampling, talker.vocab, None) for r in range(rows)])
+    stepping = {r: a for r, a in members.items() if r in texts}
+    noise = gumbel_rows(_draws(stepping, rows, "talker_sampling"), talker.vocab, talker.device)
     talker.step([r if r in texts else None for r in range(rows)], codes, text, sampling, noise)

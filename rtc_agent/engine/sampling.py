@@ -28,8 +28,25 @@ class Sampling:
 
 def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """Gumbel(0, 1) noise: argmax(log p + noise) is a sample from p (the Gumbel-max trick)."""
-    uniform = torch.rand(shape, generator=generator, device=device).clamp_(min=1e-20)
-    return -torch.log(-torch.log(uniform))
+    return gumbel_from_uniform(torch.rand(shape, generator=generator, device=device))
+
+
+def gumbel_rows(generators: list[torch.Generator | None], size: int, device: torch.device) -> torch.Tensor:
+    """Gumbel noise [rows, size], row i drawn with `generators[i]`, zeros where that is None (a greedy row, or one
+    sitting the step out: its argmax is then the greedy one). The values of `gumbel_noise` row by row, in fewer
+    kernels (a frame draws for every row): one uniform draw per drawn row, the transform once for all of them."""
+    drawn = [g for g in generators if g is not None]
+    if not drawn:
+        return torch.zeros(len(generators), size, device=device)
+    noise = gumbel_from_uniform(torch.stack([torch.rand(size, generator=g, device=device) for g in drawn]))
+    if len(drawn) == len(generators):
+        return noise
+    rows, zeros = iter(noise.unbind(0)), noise.new_zeros(size)
+    return torch.stack([next(rows) if g is not None else zeros for g in generators])
+
+
+def gumbel_from_uniform(uniform: torch.Tensor) -> torch.Tensor:
+    return -torch.log(-torch.log(uniform.clamp_(min=1e-20)))
 
 
 def penalised_scores(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None,

@@ -24,7 +24,7 @@ from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPr
                      HostCopy, PaddedPrefill, batch_sizes, begin_rows, commit_rows, rows_for, to_device)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
-from .sampling import Sampling, choose, fused_active, gumbel_noise
+from .sampling import Sampling, choose, fused_active, gumbel_rows
 from .stack import run_stack
 from .talker import Talker, TalkerRow
 
@@ -317,11 +317,9 @@ def choose_rows(logits: torch.Tensor, generators: list, samplings: list[Sampling
         groups.setdefault(replace(sampling, greedy=False), []).append(i)
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     for shared, members in groups.items():
-        drawn = {i for i in members if generators[i] is not None and not samplings[i].greedy}
-        noise = None
-        if drawn:
-            noise = torch.stack([gumbel_noise((logits.shape[1],), generators[i], logits.device) if i in drawn
-                                 else logits.new_zeros(logits.shape[1], dtype=torch.float32) for i in members])
+        draws = [generators[i] if not samplings[i].greedy else None for i in members]
+        drawn = any(g is not None for g in draws)
+        noise = gumbel_rows(draws, logits.shape[1], logits.device) if drawn else None
         index = to_device(torch.tensor(members), logits.device) if len(members) < logits.shape[0] else None
         rows = logits if index is None else logits.index_select(0, index)
         chosen = choose(rows, shared if drawn else replace(shared, greedy=True), noise=noise)

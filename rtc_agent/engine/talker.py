@@ -12,7 +12,7 @@ import torch
 from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy,
                      HostCopy, PaddedPrefill, begin_rows, commit_rows, rows_for, to_device)
 from .kv_cache import StaticKVCache
-from .sampling import Sampling, choose, gumbel_noise
+from .sampling import Sampling, choose, gumbel_rows
 from .stack import FixedStep, explicit_positions, run_stack
 
 
@@ -196,13 +196,6 @@ class Talker:
         after it."""
         return self._code0_host.get().view(-1)
 
-    def noise(self, sampling: Sampling, size: int, generator: torch.Generator | None) -> torch.Tensor:
-        """Gumbel noise [size] for one row's draw; zeros for a greedy row or a row sitting the step out (None),
-        whose argmax then is the greedy one."""
-        if sampling.greedy or generator is None:
-            return torch.zeros(size, device=self.device)
-        return gumbel_noise((size,), generator, self.device)
-
     def codec_embedding_sum(self, codes: torch.Tensor) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of each row's frame (codes [rows, 16]) [rows, 1, hidden], the
         Talker's input for the next step."""
@@ -289,6 +282,6 @@ class TalkerRow:
         talker.seen[b].zero_()
         hidden, logits = yield from self._prefill(text + codec)
         talker.last_hidden[b].copy_(hidden[0, -1:])
-        noise = talker.noise(sampling, talker.vocab, generator)
+        noise = gumbel_rows([None if sampling.greedy else generator], talker.vocab, talker.device)
         talker.code0[b].copy_(talker.choose_code0(logits[:, -1], sampling, noise.view(1, -1), talker.seen[b:b + 1])[0])
         talker.start_code0_copy()
