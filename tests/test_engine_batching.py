@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,17 @@ TOKENS, FRAMES = 6, 10
 def _answer(result) -> tuple[list[int], list[tuple[int, ...]]]:
     texts, frames, done = result
     return list(done.token_ids), [f.codes for f in frames]
+
+
+def _decoded_exactly(engine, frames: list) -> None:
+    """An answer's streamed audio is its codes' one-shot Code2Wav decode: frame k carries the decode's samples
+    [k x 1920 - lag, (k + 1) x 1920 - lag), as the streaming decoder promises (code2wav.py)."""
+    codes = torch.tensor([f.codes for f in frames]).T[None]  # [1, 16, frames]
+    with torch.inference_mode():
+        one_shot = engine.model.code2wav(codes)[0, 0].numpy()
+    streamed = np.concatenate([f.samples for f in frames])
+    lag = engine.pool.code2wav.rows[0].lag
+    np.testing.assert_allclose(streamed[lag:], one_shot[:len(streamed) - lag], rtol=0, atol=1e-5)
 
 
 def _recording_steps(engine) -> tuple[list[int], object]:
@@ -42,7 +54,7 @@ def test_answers_are_the_same_batched_as_alone():
     alone = []
     for audio in audios:
         session = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
-        alone.append(_answer(run(one_turn(session, audio))))
+        alone.append(run(one_turn(session, audio)))
         run(session.close())
     sizes, step = _recording_steps(engine)
     try:
@@ -53,13 +65,15 @@ def test_answers_are_the_same_batched_as_alone():
                 await session.push_audio(audio)
             return await asyncio.gather(*(one_turn(s, a[:0]) for s, a in zip(sessions, audios)))
 
-        batched = [_answer(result) for result in run(together())]
+        batched = run(together())
         for session in sessions:
             run(session.close())
     finally:
         engine._worker._step = step
     assert max(sizes) >= 2  # answers really were stepped together
-    assert batched == alone
+    assert [_answer(r) for r in batched] == [_answer(r) for r in alone]
+    for result in batched:  # their first frames' Code2Wav steps, taken together, too
+        _decoded_exactly(engine, result[1])
 
 
 def test_a_caller_joining_mid_answer_changes_nothing_for_the_others():
@@ -68,7 +82,7 @@ def test_a_caller_joining_mid_answer_changes_nothing_for_the_others():
     reference = []
     for audio in (first_audio, second_audio):
         session = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
-        reference.append(_answer(run(one_turn(session, audio))))
+        reference.append(run(one_turn(session, audio)))
         run(session.close())
 
     async def joined():
@@ -91,8 +105,12 @@ def test_a_caller_joining_mid_answer_changes_nothing_for_the_others():
 
     frames, second_result = run(joined())
     done = frames[-1]
-    assert (list(done.token_ids), [f.codes for f in frames if hasattr(f, "codes")]) == reference[0]
-    assert _answer(second_result) == reference[1]
+    speech = [f for f in frames if hasattr(f, "codes")]
+    assert (list(done.token_ids), [f.codes for f in speech]) == _answer(reference[0])
+    assert _answer(second_result) == _answer(reference[1])
+    # the second answer's first frames (fewer frames before them) next to the first one's steady frames
+    _decoded_exactly(engine, speech)
+    _decoded_exactly(engine, second_result[1])
 
 
 def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():

@@ -3,9 +3,9 @@
 An answer starts with `Conversation.begin_answer` (the turn's tail, the assistant header, the first token and the
 Talker's prefix, on one slot). From then on `tick` moves every answer forward together: for the answers that
 speak, the code predictor's 15 steps for all of them, the Thinker's next token for all of them (on a side stream,
-next to the rest), each one's Code2Wav frame, then the next Talker step for all of them; for the answers that
-only write (no Talker, or the speech ended before the text), one Thinker token each. Each answer's events go out
-through its `emit` as soon as its frame is on the host.
+next to the rest), their Code2Wav frames (one step for the answers with as many frames before this one), then the
+next Talker step for all of them; for the answers that only write (no Talker, or the speech ended before the
+text), one Thinker token each. Each answer's events go out through its `emit` as soon as its frame is on the host.
 """
 from __future__ import annotations
 
@@ -219,12 +219,16 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
 
 
 def _speech(pool: SlotPool, rows: int, going: list[Answer], codes: torch.Tensor) -> torch.Tensor:
-    """Each answer's samples [len(going), 1920]: one batched step for those with a full upsampler context, their
-    own streams for the others (an answer's first frames)."""
-    steady = {a.row for a in going if a.conversation.code2wav.steady}
-    batched = pool.code2wav.push([r if r in steady else None for r in range(rows)], codes) if steady else None
-    return torch.stack([batched[a.row] if a.row in steady else a.conversation.code2wav.push(codes[a.row])
-                        for a in going])
+    """Each answer's samples [len(going), 1920]: one batched step for the answers with the same number of frames
+    before this one (all of them once past their first few frames; answers that started together share those)."""
+    groups: dict[int, set[int]] = {}
+    for a in going:
+        groups.setdefault(a.conversation.code2wav.frames_before, set()).add(a.row)
+    samples: dict[int, torch.Tensor] = {}
+    for before, members in groups.items():
+        batch = pool.code2wav.push([r if r in members else None for r in range(rows)], codes, before)
+        samples.update((r, batch[r]) for r in members)
+    return torch.stack([samples[a.row] for a in going])
 
 
 def _draws(members: dict[int, Answer], rows: int, name: str) -> list[torch.Generator | None]:

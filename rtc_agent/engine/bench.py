@@ -241,7 +241,7 @@ def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict
     streams = [c.code2wav for c in conversations]
 
     def code2wav_frame() -> None:
-        pool.code2wav.push(stepping, codes).cpu()
+        pool.code2wav.push(stepping, codes, pool.code2wav.context).cpu()
         for stream in streams:
             stream.cache.crop(stream.cache.length - 1)
 

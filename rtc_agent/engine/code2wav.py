@@ -7,9 +7,9 @@ samples are exact too. A forward over T frames yields T*1920 - 555 samples (the 
 hold back the tail), so the stream starts with 555 samples of silence: frame k then carries exactly the samples
 [k*1920 - 555, (k+1)*1920 - 555) of the one-shot decode, every frame is 1920 samples, and nothing is dropped.
 
-`Code2WavRows` holds every session slot's stream in batched buffers (a row a slot). An answer's first `context`
-frames go through its own stream (one step per number of frames before it: the upsampler's input is shorter);
-from then on every answer's frame is one batched step over the rows.
+`Code2WavRows` holds every session slot's stream in batched buffers (a row a slot) and decodes a frame for every
+answer of a batch in one step per number of frames before it: an answer's first `context` frames have a shorter
+upsampler input, and answers that start together share those steps too.
 """
 from __future__ import annotations
 
@@ -72,9 +72,9 @@ class StreamingCode2Wav:
         self.cache.crop(0)
 
     @property
-    def steady(self) -> bool:
-        """Whether the next frame has a full upsampler context before it (the batched step's case)."""
-        return self.cache.length >= self.context
+    def frames_before(self) -> int:
+        """Frames of upsampler context before the next one (`context` once the stream has that many)."""
+        return min(self.cache.length, self.context)
 
     def push(self, codes: torch.Tensor) -> torch.Tensor:
         """Decode one frame of codes [num_quantizers] and return its 1920 samples (float32, on the model's device)."""
@@ -100,8 +100,10 @@ def frame_samples(model, window: torch.Tensor, before: int, samples_per_frame: i
 
 
 class Code2WavRows:
-    """Every slot's stream, in batched buffers: `rows[b]` is slot b's; `push` decodes the steady frames of a
-    batch in one step."""
+    """Every slot's stream, in batched buffers: `rows[b]` is slot b's (its own steps are not graphed: the
+    engine's frames go through `push`); `push` decodes a frame for each row of a batch that has the same number of
+    frames before it, in one step. The steps, per batch size and number of frames before, share one memory pool
+    (one runs at a time, and `push` copies its output out)."""
 
     def __init__(self, code2wav, slots: int, max_frames: int, graphs: bool,
                  context: int = UPSAMPLER_CONTEXT_FRAMES) -> None:
@@ -112,39 +114,45 @@ class Code2WavRows:
         self.cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, batch=slots,
                                               window=config.sliding_window)
         self.history = param.new_zeros(slots, config.hidden_size, context)
-        self.rows = [StreamingCode2Wav(code2wav, max_frames, context, graphs, self.cache.row(b), self.history[b:b + 1])
+        self.rows = [StreamingCode2Wav(code2wav, max_frames, context, False, self.cache.row(b), self.history[b:b + 1])
                      for b in range(slots)]
         self._inputs = DeviceCopy((3, slots), torch.long, param.device)  # a step's positions, deltas, active rows
         self._views: dict[int, StaticKVCache] = {}
-        self._steps: dict[int, CapturedStep] = {}
+        self._steps: dict[tuple[int, int], CapturedStep] = {}
+        self._pool = torch.cuda.graph_pool_handle() if graphs else None
 
     def capture(self, rows: int) -> None:
-        self._step_for(rows)
+        for before in range(self.context + 1):
+            self._step_for(rows, before)
 
-    def _step_for(self, rows: int) -> CapturedStep:
-        if rows not in self._steps:
+    def _step_for(self, rows: int, before: int) -> CapturedStep:
+        if (rows, before) not in self._steps:
             view = self._views.setdefault(rows, self.cache.batch_view(rows))
             view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
             codes = torch.zeros(rows, self.model.config.num_quantizers, dtype=torch.long, device=self.history.device)
             active = torch.zeros(rows, dtype=torch.bool, device=self.history.device)
-            self._steps[rows] = CapturedStep(lambda c, a: self._steady(view, c, a), codes, active, graph=self.graphs)
-        return self._steps[rows]
+            self._steps[rows, before] = CapturedStep(lambda c, a: self._frame(view, c, a, before), codes, active,
+                                                     graph=self.graphs, pool=self._pool)
+        return self._steps[rows, before]
 
-    def _steady(self, view: StaticKVCache, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    def _frame(self, view: StaticKVCache, codes: torch.Tensor, active: torch.Tensor, before: int) -> torch.Tensor:
+        """`StreamingCode2Wav._push_static` for every row at once; rows that are not `active` keep their history."""
         rows = codes.shape[0]
         hidden = _transform(self.model, codes, view, graph_mode=True)
         history = self.history[:rows]
-        window = torch.cat((history, hidden), dim=-1)
-        history.copy_(torch.where(active[:, None, None], window[..., -self.context:], history))
+        window = torch.cat((history[..., self.context - before:], hidden), dim=-1)
+        kept = torch.cat((history, hidden), dim=-1)[..., -self.context:]
+        history.copy_(torch.where(active[:, None, None], kept, history))
         first = self.rows[0]
-        return frame_samples(self.model, window, self.context, first.samples_per_frame, first.lag)
+        return frame_samples(self.model, window, before, first.samples_per_frame, first.lag)
 
-    def push(self, stepping: list[int | None], codes: torch.Tensor) -> torch.Tensor:
-        """One steady frame for each row `stepping[i]` names (None: row i sits out) from `codes` [rows, 16];
-        returns samples [rows, 1920] (rows sitting out: meaningless)."""
+    def push(self, stepping: list[int | None], codes: torch.Tensor, before: int) -> torch.Tensor:
+        """One frame for each row `stepping[i]` names (None: row i sits out) from `codes` [rows, 16], every one of
+        those rows with `before` frames before it (`StreamingCode2Wav.frames_before`); returns samples [rows, 1920]
+        (rows sitting out: meaningless)."""
         count = len(stepping)
-        step = self._step_for(count)  # (a capture sets the positions: before they are filled in)
+        step = self._step_for(count, before)  # (a capture sets the positions: before they are filled in)
         caches = [self.rows[row].cache if row is not None else None for row in stepping]
         samples = step(codes, begin_rows(self._views[count], caches, self._inputs))
         commit_rows(caches)
-        return samples
+        return samples.clone()
