@@ -84,7 +84,7 @@ def _logging(level: str) -> None:
 def _loadtest(args: argparse.Namespace) -> int:
     """Exit status 0 when every caller got every answer, 1 when any failed, 2 for bad arguments."""
     _logging("DEBUG" if args.verbose else "ERROR")  # a full server's refusals are in the report, not the log
-    from .client.loadtest import LoadSettings, default_processes, print_loadtest, run_loadtest
+    from .client.loadtest import ClientProcessError, LoadSettings, default_processes, print_loadtest, run_loadtest
 
     try:
         settings = LoadSettings(callers=args.callers, ramp_s=args.ramp_s, turns=args.turns,
@@ -97,6 +97,9 @@ def _loadtest(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"rtc-agent loadtest: {exc}", file=sys.stderr)
         return 2
+    except ClientProcessError as exc:
+        print(f"rtc-agent loadtest: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     print_loadtest(report, args.json)

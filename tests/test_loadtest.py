@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 
+from rtc_agent.client import loadtest as client_loadtest
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
 from rtc_support import SENTENCE, needs_espeak, run, server, wait_ready
 
@@ -109,6 +110,12 @@ def test_callers_spread_over_two_client_processes_are_reported_as_one_run(wav: s
         assert (report["overall"]["answered"], report["overall"]["heard_ms"]["n"]) == (2, 2)
 
     run(main_())
+
+
+def test_a_client_process_that_fails_outside_its_callers_is_reported_not_waited_for() -> None:
+    broken = ("http://127.0.0.1:9", None, [], None, {})  # no settings: each process fails before any caller
+    with pytest.raises(client_loadtest.ClientProcessError, match="AttributeError"):
+        client_loadtest._in_processes([[0], [1]], broken, ())
 
 
 def test_bad_arguments_are_refused_before_calling() -> None:

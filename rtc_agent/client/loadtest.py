@@ -119,6 +119,10 @@ async def _run_callers(indices: list[int], url: str, samples: np.ndarray, spans:
     return list(callers), lag.max_ms
 
 
+class ClientProcessError(RuntimeError):
+    """A load-test client process died or failed outside its callers (their own failures are in the report)."""
+
+
 def _in_processes(groups: list[list[int]], work: tuple, ice_host_addresses: tuple[str, ...]
                   ) -> list[tuple[list[dict[str, Any]], float]]:
     """Each group of callers in a process of its own (blocking). The processes start their callers together once
@@ -137,10 +141,10 @@ def _in_processes(groups: list[list[int]], work: tuple, ice_host_addresses: tupl
                 part = results.get(timeout=1.0)
             except queue.Empty:
                 if any(p.exitcode not in (None, 0) for p in processes):
-                    raise RuntimeError("a load-test client process died") from None
+                    raise ClientProcessError("a load-test client process died") from None
                 continue
             if isinstance(part, str):
-                raise RuntimeError(f"a load-test client process failed: {part}")
+                raise ClientProcessError(f"a load-test client process failed: {part}")
             parts.append(part)
     finally:
         for process in processes:
