@@ -148,8 +148,8 @@ class AudioEncoder:
 def _attention(attn, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The encoder layer's self-attention (`Qwen3OmniMoeAudioAttention`) over all tokens under `mask`."""
     tokens = x.shape[0]
-    q, k, v = (proj(x).view(tokens, attn.num_heads, -1).transpose(0, 1) for proj in (attn.q_proj, attn.k_proj,
-                                                                                       attn.v_proj))
-    with sdpa_kernel(LONG_PREFILL_BACKENDS):
+    q, k, v = (proj(x).view(1, tokens, attn.num_heads, -1).transpose(1, 2)  # [1, heads, tokens, head_dim]
+               for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    with sdpa_kernel(LONG_PREFILL_BACKENDS):  # (the fused kernels take 4-D inputs only)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
-    return attn.out_proj(out.transpose(0, 1).reshape(tokens, -1))
+    return attn.out_proj(out.transpose(1, 2).reshape(tokens, -1))
