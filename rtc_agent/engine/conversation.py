@@ -17,7 +17,7 @@ from . import audio_input, vision_input
 from .answer import Answer
 from .caller_video import CallerVideo
 from .events import INPUT_SAMPLE_RATE, Event
-from .graphs import to_device
+from .graphs import short_prefill_fits, to_device
 from .layout import Piece, TurnLayout
 from .memory import release_cached
 from .options import SessionOptions
@@ -354,7 +354,7 @@ class Conversation:
             deepstack = embeds.new_zeros(layers, *embeds.shape)  # the video tokens' features, zeros elsewhere
             deepstack[:, 0, video] = torch.stack([torch.cat([g.deepstack[i] for g in grids]) for i in range(layers)])
         positions = explicit_positions(positions, self.cache)
-        if positions is None and deepstack is None and PrefillRequest.fits(self.cache, embeds.shape[1]):
+        if positions is None and deepstack is None and short_prefill_fits(self.cache, embeds.shape[1]):
             hidden, captured = yield PrefillRequest(self.slot, embeds)
         else:
             hidden, captured = self.core.pool.prefill_at(self.slot, embeds, positions, deepstack)

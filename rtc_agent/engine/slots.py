@@ -20,8 +20,8 @@ import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
-from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy,
-                     HostCopy, PaddedPrefill, batch_sizes, begin_rows, commit_rows, rows_for, to_device)
+from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
+                     batch_sizes, begin_rows, commit_rows, rows_for, to_device)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_rows
@@ -108,16 +108,12 @@ class Slot:
 
 @dataclass
 class PrefillRequest:
-    """A short Thinker prefill at the end of one slot's context: sequential positions, at most
-    `PREFILL_GRAPH_POSITIONS` of them. A session's job hands it to the worker (`yield`), which runs the requests
-    of several sessions as one batched step (`SlotPool.prefill`) and sends back (hidden, captured)."""
+    """A short Thinker prefill at the end of one slot's context (`graphs.short_prefill_fits`). A session's job
+    hands it to the worker (`yield`), which runs the requests of several sessions as one batched step
+    (`SlotPool.prefill`) and sends back (hidden, captured)."""
 
     slot: Slot
     embeds: torch.Tensor  # [1, T, hidden]
-
-    @staticmethod
-    def fits(cache: StaticKVCache, count: int) -> bool:
-        return count <= PREFILL_GRAPH_POSITIONS and cache.length + count <= cache.max_len
 
 
 class SlotPool:

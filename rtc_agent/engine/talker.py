@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .graphs import (PREFILL_GRAPH_POSITIONS, VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy,
-                     HostCopy, PaddedPrefill, begin_rows, commit_rows, rows_for, to_device)
+from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
+                     begin_rows, commit_rows, rows_for, short_prefill_fits, to_device)
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_rows
 from .stack import FixedStep, explicit_positions, run_stack
@@ -18,10 +18,9 @@ from .stack import FixedStep, explicit_positions, run_stack
 
 @dataclass
 class TalkerPrefillRequest:
-    """A short Talker prefill at the end of one slot's Talker context (sequential positions, at most
-    `PREFILL_GRAPH_POSITIONS`): a user part, or an answer's assistant prefix. A session's job hands it to the
-    worker (`yield`), which runs those of several sessions as one batched step (`Talker.prefill`) and sends back
-    (hidden, logits)."""
+    """A short Talker prefill at the end of one slot's Talker context (`graphs.short_prefill_fits`): a user part,
+    or an answer's assistant prefix. A session's job hands it to the worker (`yield`), which runs those of several
+    sessions as one batched step (`Talker.prefill`) and sends back (hidden, logits)."""
 
     row: "TalkerRow"
     embeds: torch.Tensor  # [1, T, hidden]
@@ -84,7 +83,7 @@ class Talker:
         """Run short Talker prefills of distinct slots; returns each one's (hidden, logits) [1, T, ...]. One runs
         alone (its row's graph, or eagerly on the CPU); several as one batched step over the first rows."""
         if len(requests) == 1:
-            return [requests[0].row._run(requests[0].embeds)]
+            return [requests[0].row.run(requests[0].embeds)]
         rows = rows_for(max(r.row.index for r in requests), len(self.rows))
         return self._batched_prefill(rows, [(r.row.index, r.row.cache, r.embeds) for r in requests])
 
@@ -228,7 +227,7 @@ class TalkerRow:
                              self.cache, talker.config.text_config.hidden_size, talker.last_hidden.dtype, size,
                              positioned=True, graph=graph, pool=talker.prefill_pool)
 
-    def _run(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Talker layers over `embeds` at the end of the cache (at TMRoPE `positions` if given), through a graph
         where one fits."""
         graph = self._graph if positions is None else self._video_graph
@@ -250,10 +249,9 @@ class TalkerRow:
                  ) -> Generator[TalkerPrefillRequest, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
         """Talker layers over `embeds` at the end of the cache; a short one at sequential positions is yielded,
         for the worker to batch with other slots'. Returns (hidden, logits)."""
-        if positions is None and embeds.shape[1] <= PREFILL_GRAPH_POSITIONS and \
-                self.cache.length + embeds.shape[1] <= self.cache.max_len:
+        if positions is None and short_prefill_fits(self.cache, embeds.shape[1]):
             return (yield TalkerPrefillRequest(self, embeds))
-        return self._run(embeds, positions)
+        return self.run(embeds, positions)
 
     def prefill_user_part(self, embeds: torch.Tensor, positions: np.ndarray) -> TalkerPrefilling:
         """Append a piece of a user turn (Talker input embeddings [1, T, hidden] at rotary `positions` [3, T]) to
