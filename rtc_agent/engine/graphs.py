@@ -158,13 +158,13 @@ def commit_rows(caches: list[StaticKVCache | None]) -> None:
 
 
 PREFILL_GRAPH_POSITIONS = 32  # one graphed prefill covers a 1 s audio chunk (13 tokens) plus turn markers
+VIDEO_PREFILL_POSITIONS = 256  # one graphed prefill at TMRoPE positions: a 1 s chunk with a second or two of video
 
 
 def short_prefill_fits(cache: StaticKVCache, count: int) -> bool:
     """Whether `count` sequential positions at the end of `cache` make a short prefill, which the worker batches
     across calls (`BatchedPrefill`)."""
     return count <= PREFILL_GRAPH_POSITIONS and cache.length + count <= cache.max_len
-VIDEO_PREFILL_POSITIONS = 256  # one graphed prefill at TMRoPE positions: a 1 s chunk with a second or two of video
 
 
 def replay_at(step: CapturedStep, cache: StaticKVCache, count: int, *inputs: torch.Tensor):

@@ -1,11 +1,11 @@
 """Session slots: everything one call needs on the device, made once at start-up and handed from call to call.
 
 A slot is a row of the engine's batched KV caches (Thinker, Talker, code predictor, Code2Wav), its own prefill
-graphs, and a random generator. The batched steps (a Thinker token, a Talker step, the code predictor's 15 steps,
-a Code2Wav frame, short Thinker and Talker prefills) run over the first `rows` rows for a few batch sizes (1, 2,
-4, ... up to the slot count), each captured as a CUDA graph once at start-up. Slots are handed out lowest first, so the callers of a
-busy server sit in the first rows and a step's batch stays small. A call that ends gives its slot back (reset,
-never re-allocated or re-captured): joining or leaving costs the other callers nothing.
+graphs, and a random generator. The batched steps (a Thinker token, a Talker step, the code predictor's 15 steps, a
+Code2Wav frame, short Thinker and Talker prefills) run over the first `rows` rows for a few batch sizes (1, 2, 4,
+... up to the slot count), each captured as a CUDA graph once at start-up. Slots are handed out lowest first, so the
+callers of a busy server sit in the first rows and a step's batch stays small. A call that ends gives its slot back
+(reset, never re-allocated or re-captured): joining or leaving costs the other callers nothing.
 """
 from __future__ import annotations
 

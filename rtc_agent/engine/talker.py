@@ -68,8 +68,9 @@ class Talker:
         self._views: dict[int, tuple[StaticKVCache, StaticKVCache]] = {}  # rows -> (talker, predictor) caches
         self._steps: dict[tuple[int, Sampling], CapturedStep] = {}
         self._predictors: dict[tuple[int, Sampling], CapturedStep] = {}
-        self._batched_prefill = BatchedPrefill(self.cache, lambda e, view: self._talker_logits(view, e, graph_mode=True),
-                                               hidden, param.dtype, graphs, self.prefill_pool)
+        self._batched_prefill = BatchedPrefill(
+            self.cache, lambda e, view: self._talker_logits(view, e, graph_mode=True), hidden, param.dtype, graphs,
+            self.prefill_pool)
         self.rows = [TalkerRow(self, index) for index in range(slots)]
 
     def capture(self, rows: int, talker_sampling: Sampling, predictor_sampling: Sampling) -> None:

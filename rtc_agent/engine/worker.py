@@ -10,15 +10,15 @@ least `MIN_LEAD_S` of speech ahead of its playout; an answer closer to its deadl
 a caller listening to an answer never hears a late frame because another caller started talking, while the
 callers who are talking still have their audio taken in.
 
-A job may be a generator (a session's turn work, see `Conversation`): it yields requests (audio to encode, a
-short Thinker or Talker prefill). The worker then starts every queued job of the other sessions too, up to their
-first request, and runs all the requests as one round (`run_requests`: one pass of the audio encoder, one batched
-Thinker prefill, one batched Talker prefill), round after round until the jobs are done. Eight callers who end
-their turns at the same moment so cost about one turn end's launches and weight reads instead of eight. Within a
-round, between one session's rest of the work and the next (host work: its next request's inputs, an answer's
-first token), answer starts that came meanwhile join and a due step runs, so a prepared answer starts at once and
-a new answer's first frames are not held up by others' turn ends. A session's jobs keep their order: a job waits while an earlier one of the same session (its `key`) is in
-a round.
+A job may be a generator (a session's turn work, see `Conversation`): it yields requests (audio to encode, a short
+Thinker or Talker prefill). The worker then starts every queued job of the other sessions too, up to their first
+request, and runs all the requests as one round (`run_requests`: one pass of the audio encoder, one batched Thinker
+prefill, one batched Talker prefill), round after round until the jobs are done. Eight callers who end their turns
+at the same moment so cost about one turn end's launches and weight reads instead of eight. Within a round, between
+one session's rest of the work and the next (host work: its next request's inputs, an answer's first token), answer
+starts that came meanwhile join and a due step runs, so a prepared answer starts at once and a new answer's first
+frames are not held up by others' turn ends. A session's jobs keep their order: a job waits while an earlier one of
+the same session (its `key`) is in a round.
 """
 from __future__ import annotations
 
