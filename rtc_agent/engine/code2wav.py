@@ -41,7 +41,7 @@ def _upsample(model, hidden: torch.Tensor) -> torch.Tensor:
 class StreamingCode2Wav:
     """One stream. `cache` and `history` may be rows of `Code2WavRows`' buffers (else its own are made)."""
 
-    def __init__(self, code2wav, max_frames: int, context: int = UPSAMPLER_CONTEXT_FRAMES, graphs: bool = False,
+    def __init__(self, code2wav, max_frames: int, context: int = UPSAMPLER_CONTEXT_FRAMES,
                  cache: StaticKVCache | None = None, history: torch.Tensor | None = None) -> None:
         self.model = code2wav
         config = code2wav.config
@@ -54,10 +54,6 @@ class StreamingCode2Wav:
         # The last `context` frames of transformer output, the upsampler's left context.
         self.history = history if history is not None else param.new_zeros(1, config.hidden_size, context)
         self.lag = self._tail_loss()
-        # One step per number of frames before the new one (0 .. context, the last for every frame from then on).
-        codes = torch.zeros(1, config.num_quantizers, dtype=torch.long, device=param.device)
-        self._steps = [CapturedStep(lambda c, before=before: self._push_static(c, before), codes, graph=graphs)
-                       for before in range(context + 1)]
         self.reset()
 
     def _tail_loss(self) -> int:
@@ -77,16 +73,24 @@ class StreamingCode2Wav:
         return min(self.cache.length, self.context)
 
     def push(self, codes: torch.Tensor) -> torch.Tensor:
-        """Decode one frame of codes [num_quantizers] and return its 1920 samples (float32, on the model's device)."""
-        step = self._steps[min(self.cache.length, self.context)]
-        return replay_at(step, self.cache, 1, codes.view(1, -1))[0].clone()
+        """Decode one frame of codes [num_quantizers] and return its 1920 samples (float32, on the model's device).
+        (The engine decodes its frames through `Code2WavRows.push`; this is the same step for one stream.)"""
+        before = self.frames_before
+        return replay_at(lambda c: decode_frame(self.model, c, self.cache, self.history, before, self.lag),
+                         self.cache, 1, codes.view(1, -1))[0]
 
-    def _push_static(self, codes: torch.Tensor, before: int) -> torch.Tensor:
-        """`push` with `before` frames of history (at most `context`) in fixed shapes, for a CUDA graph."""
-        hidden = _transform(self.model, codes, self.cache, graph_mode=True)
-        window = torch.cat((self.history[..., self.context - before:], hidden), dim=-1)
-        self.history.copy_(torch.cat((self.history, hidden), dim=-1)[..., -self.context:])
-        return frame_samples(self.model, window, before, self.samples_per_frame, self.lag)
+
+def decode_frame(model, codes: torch.Tensor, cache: StaticKVCache, history: torch.Tensor, before: int, lag: int,
+                 active: torch.Tensor | None = None) -> torch.Tensor:
+    """One frame for every row of `codes` [rows, num_quantizers] in fixed shapes (for a CUDA graph): each row with
+    `before` frames of upsampler context (at most `history`'s), its transformer output appended to `history`
+    [rows, hidden, context] (rows that are not `active` keep theirs). Returns the rows' samples [rows, 1920]."""
+    context = history.shape[-1]
+    hidden = _transform(model, codes, cache, graph_mode=True)
+    window = torch.cat((history[..., context - before:], hidden), dim=-1)
+    kept = torch.cat((history, hidden), dim=-1)[..., -context:]
+    history.copy_(kept if active is None else torch.where(active[:, None, None], kept, history))
+    return frame_samples(model, window, before, int(model.total_upsample), lag)
 
 
 def frame_samples(model, window: torch.Tensor, before: int, samples_per_frame: int, lag: int) -> torch.Tensor:
@@ -114,7 +118,7 @@ class Code2WavRows:
         self.cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, batch=slots,
                                               window=config.sliding_window)
         self.history = param.new_zeros(slots, config.hidden_size, context)
-        self.rows = [StreamingCode2Wav(code2wav, max_frames, context, False, self.cache.row(b), self.history[b:b + 1])
+        self.rows = [StreamingCode2Wav(code2wav, max_frames, context, self.cache.row(b), self.history[b:b + 1])
                      for b in range(slots)]
         self._inputs = DeviceCopy((3, slots), torch.long, param.device)  # a step's positions, deltas, active rows
         self._views: dict[int, StaticKVCache] = {}
@@ -131,20 +135,11 @@ class Code2WavRows:
             view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
             codes = torch.zeros(rows, self.model.config.num_quantizers, dtype=torch.long, device=self.history.device)
             active = torch.zeros(rows, dtype=torch.bool, device=self.history.device)
-            self._steps[rows, before] = CapturedStep(lambda c, a: self._frame(view, c, a, before), codes, active,
-                                                     graph=self.graphs, pool=self._pool)
+            history, lag = self.history[:rows], self.rows[0].lag
+            self._steps[rows, before] = CapturedStep(
+                lambda c, a: decode_frame(self.model, c, view, history, before, lag, a), codes, active,
+                graph=self.graphs, pool=self._pool)
         return self._steps[rows, before]
-
-    def _frame(self, view: StaticKVCache, codes: torch.Tensor, active: torch.Tensor, before: int) -> torch.Tensor:
-        """`StreamingCode2Wav._push_static` for every row at once; rows that are not `active` keep their history."""
-        rows = codes.shape[0]
-        hidden = _transform(self.model, codes, view, graph_mode=True)
-        history = self.history[:rows]
-        window = torch.cat((history[..., self.context - before:], hidden), dim=-1)
-        kept = torch.cat((history, hidden), dim=-1)[..., -self.context:]
-        history.copy_(torch.where(active[:, None, None], kept, history))
-        first = self.rows[0]
-        return frame_samples(self.model, window, before, first.samples_per_frame, first.lag)
 
     def push(self, stepping: list[int | None], codes: torch.Tensor, before: int) -> torch.Tensor:
         """One frame for each row `stepping[i]` names (None: row i sits out) from `codes` [rows, 16], every one of

@@ -167,8 +167,9 @@ def short_prefill_fits(cache: StaticKVCache, count: int) -> bool:
     return count <= PREFILL_GRAPH_POSITIONS and cache.length + count <= cache.max_len
 
 
-def replay_at(step: CapturedStep, cache: StaticKVCache, count: int, *inputs: torch.Tensor):
-    """Replay a step that appends `count` positions at the end of `cache`."""
+def replay_at(step: Callable[..., Any], cache: StaticKVCache, count: int, *inputs: torch.Tensor):
+    """Run a graph-mode step (a `CapturedStep`, or the function itself) that appends `count` positions at the end
+    of `cache`."""
     cache.begin(count)
     cache.position.fill_(cache.length)
     outputs = step(*inputs)
