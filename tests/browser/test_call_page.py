@@ -205,7 +205,8 @@ def test_push_to_talk(new_page: Callable[..., Any], server: Server, artifacts: P
 def test_turn_setting_and_the_tiny_model_note(new_page: Callable[..., Any], server: Server) -> None:
     page = new_page(DESKTOP)
     page.goto(server.url + "/?mode=call")
-    assert page.locator("#model-note").is_visible()  # the server runs the babbling tiny model: the page says so
+    # the server runs the babbling tiny model: the page says so once its /api/config fetch is back (after `load`)
+    page.locator("#model-note").wait_for(state="visible", timeout=10_000)
     page.get_by_role("button", name="Settings").last.click()
     page.get_by_label("When is my turn over?").select_option("semantic_vad:low")
     page.get_by_role("button", name="Apply").click()
