@@ -128,6 +128,7 @@ class Conversation:
         on_answer: Callable[[dict[str, Any]], None] = lambda metrics: None,
         end_of_turn: EndOfTurnScorer | None = None,
         speech: bool = True,
+        loop_lag_since: Callable[[float], float | None] | None = None,
     ) -> None:
         self.session = session
         self.speech_available = speech  # False: the engine has no Talker (--no-talker); every answer is text
@@ -139,6 +140,7 @@ class Conversation:
         self._vad = vad
         self._on_answer = on_answer
         self._scorer = end_of_turn
+        self._loop_lag_since = loop_lag_since  # the server's event loop: largest lateness since a time (LoopLag)
         self._semantic: SemanticTurn | None = None  # the end-of-turn model's decisions (semantic_vad)
         self._detector = TurnDetector(turn.vad_threshold, turn.silence_ms, turn.min_speech_ms)
         self._use_turn_settings(turn)
@@ -478,6 +480,9 @@ class Conversation:
             "interrupted": interrupted,
             "end_of_turn": answer.end_of_turn,
             "engine": dict(done.metrics) if done else {},
+            # how late the server's event loop woke up, from the end of the speech to the answer's end: high when
+            # the media of all calls wait for the CPU (the turn's end noticed late, packets sent late)
+            "loop_lag_ms_max": self._loop_lag_since(answer.speech_end_at) if self._loop_lag_since else None,
         }
         status = "failed" if error else ("cancelled" if interrupted else "completed")
         text = done.text if done else ""

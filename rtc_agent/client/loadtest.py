@@ -26,6 +26,7 @@ from typing import Any, Callable
 import aiohttp
 import numpy as np
 
+from ..loop_lag import LoopLag
 from ..media.ice import use_host_addresses
 from .call import CONNECT_WARMUP_S, GAP_S, TAIL_S, connection_gone, dial, load_speech, turn_report
 from .microphone import RATE, Microphone
@@ -181,20 +182,6 @@ async def wait_ready(url: str, timeout_s: float, verify_tls: bool = True) -> Non
             await asyncio.sleep(READY_POLL_S)
 
 
-class LoopLag:
-    """How late this process's event loop woke up (ms): when high, the load tester itself was a bottleneck."""
-
-    def __init__(self, period_s: float = 0.05) -> None:
-        self.period_s, self.max_ms = period_s, 0.0
-
-    async def watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + self.period_s
-            await asyncio.sleep(self.period_s)
-            self.max_ms = max(self.max_ms, (loop.time() - due) * 1000)
-
-
 async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spans: list[tuple[int, int]],
                   settings: LoadSettings, call_kwargs: dict[str, Any]) -> dict[str, Any]:
     """One caller from dialling to hanging up. Its failures end up in its result, never in another caller's."""
@@ -298,6 +285,7 @@ def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "frames_dropped": int(sum(values("frames_dropped"))),
         "gaps": sum(t["gaps"] for t in turns),
         "max_gap_ms": max((t["max_gap_ms"] for t in turns if t["max_gap_ms"] is not None), default=None),
+        "server_loop_lag_ms_max": max(values("loop_lag_ms_max"), default=None),
     }
 
 
@@ -359,5 +347,9 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     print(f"  frames sent {o['frames_sent']}, late {o['frames_late']}, dropped {o['frames_dropped']}; "
           f"gaps > {s['gap_s'] * 1000:.0f} ms in the received answer audio: {o['gaps']} "
           f"(longest interval {o['max_gap_ms']} ms)")
+    lag = o["server_loop_lag_ms_max"]
+    if lag is not None:
+        print(f"  the server's event loop woke up to {lag} ms late during the answered turns"
+              + (" (high: the server's CPU side, media and signaling, is a bottleneck)" if lag > 50 else ""))
     print(f"  the client's event loops woke up to {o['client_loop_lag_ms_max']} ms late"
           + (" (high: the load tester itself may be the bottleneck)" if o["client_loop_lag_ms_max"] > 50 else ""))

@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_CPU_SLOTS = 4
-MAX_AUTO_SLOTS = 16  # a batch of 16 still streams in real time on one H200 (docs/PERFORMANCE.md)
+# The engine streams 16 answers in real time on one H200, but the server's one event loop (every call's media)
+# does not keep up with 16: callers heard answers 1.2-2.7 s after they stopped talking, against ~0.55 s with 8
+# (docs/PERFORMANCE.md, eleventh session). More slots only when asked for (--max-sessions).
+MAX_AUTO_SLOTS = 8
 GPU_RESERVE_BYTES = 6 << 30  # prefill activations (a long video turn), cuBLAS workspaces, the allocator's slack
 SLOT_OVERHEAD = 1.5  # a slot's graphs and Code2Wav buffers on top of its KV caches (measured: docs/PERFORMANCE.md)
 MAX_KEPT_PROMPTS = 8  # system prompts whose keys and values are kept for new calls (≈ 20 MB each at full size)

@@ -3,6 +3,7 @@ SIGTERM drains: no new calls, the process ends when the last call has)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -32,6 +33,7 @@ from .turn import turn_ice_servers
 log = logging.getLogger("rtc_agent.server")
 LOADER = web.AppKey("rtc_agent_loader", asyncio.Task)
 GUARD = web.AppKey("rtc_agent_memory_guard", asyncio.Task)
+LOOP_LAG = web.AppKey("rtc_agent_loop_lag", asyncio.Task)
 QUIET_PATHS = ("/metrics", "/healthz", "/readyz", "/capacity")
 DRAIN_POLL_S = 0.5
 
@@ -72,6 +74,8 @@ async def _start_engine(app: web.Application) -> None:
     state = app[STATE]
     app[LOADER] = asyncio.create_task(_load_engine(state), name="engine-loader")
     app[GUARD] = asyncio.create_task(state.guard.run(state.sessions.calls), name="memory-guard")
+    app[LOOP_LAG] = asyncio.create_task(state.metrics.loop_lag.watch(), name="loop-lag")
+    state.metrics.gc_pauses.install()
 
 
 async def _load_engine(state: ServerState) -> None:
@@ -80,7 +84,8 @@ async def _load_engine(state: ServerState) -> None:
         # The end-of-turn model (semantic_vad): loaded here so that no call waits for it; required when it is
         # the default turn detection (EndOfTurnUnavailable says how to install it).
         await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)
-        if state.engine is None:
+        loading = state.engine is None
+        if loading:
             from ..engine import Engine, EngineOptions
 
             log.info("loading model %s (device %s)...", s.model, s.device)
@@ -91,9 +96,12 @@ async def _load_engine(state: ServerState) -> None:
             state.engine = await asyncio.to_thread(Engine.load, options)
         slots = state.engine.describe()["max_sessions"]
         state.sessions.max_sessions = min(s.max_sessions, slots) if s.max_sessions else slots
+        await asyncio.to_thread(state.vads.preload, state.sessions.max_sessions)
         if not state.engine.ready:
             log.info("warming up...")
             await state.engine.warmup()
+        if loading:
+            _freeze_startup_objects()
         state.loaded = True
         state.metrics.ready.set(1)
         log.info("ready: %s", state.engine.describe())
@@ -105,12 +113,21 @@ async def _load_engine(state: ServerState) -> None:
         raise
 
 
+def _freeze_startup_objects() -> None:
+    """Takes what start-up made (the model, torch, transformers: ~400 000 objects) out of the cyclic garbage
+    collector's reach. A full collection over them holds the GIL for ~150 ms (tiny model, CPU), which stops every
+    call's media and the engine's worker at once; they live as long as the process anyway."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _end_calls(app: web.Application) -> None:
     await app[STATE].sessions.close_all("server shutting down")
 
 
 async def _stop_engine(app: web.Application) -> None:
-    tasks = (app[LOADER], app[GUARD])
+    app[STATE].metrics.gc_pauses.uninstall()
+    tasks = (app[LOADER], app[GUARD], app[LOOP_LAG])
     for task in tasks:
         if not task.done():
             task.cancel()

@@ -41,7 +41,7 @@ class RealtimeSocket:
         self.output = PacedPcmOutput(self.realtime.audio_frame)
         self.conversation = Conversation(engine_session, self.output, self.realtime.conversation_event, vad,
                                          settings.turn, on_answer=self._answered, end_of_turn=end_of_turn,
-                                         speech=speech)
+                                         speech=speech, loop_lag_since=metrics.loop_lag.max_since)
         self.realtime.bind(self.conversation)
         self.realtime.on_audio = self._audio
         self._input = PcmInput(CHUNK_SAMPLES)

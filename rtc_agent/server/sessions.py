@@ -106,7 +106,8 @@ class CallSession:
                                        instructions) if realtime else None
         send = self.realtime.conversation_event if self.realtime else self.events.send
         self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
-                                         on_answer=self._answered, end_of_turn=end_of_turn, speech=speech)
+                                         on_answer=self._answered, end_of_turn=end_of_turn, speech=speech,
+                                         loop_lag_since=metrics.loop_lag.max_since)
         if self.realtime:
             self.realtime.bind(self.conversation)
         self._wire(pc)

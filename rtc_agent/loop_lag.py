@@ -1,0 +1,64 @@
+"""How late an asyncio event loop wakes up, and how long Python's cyclic garbage collector stops every thread.
+
+Both matter in one process that runs many calls' media on one event loop beside a GPU worker thread: a loop that
+wakes up late handles caller audio late (the turn ends late) and sends answer packets late. The server reports
+them per answer and in /metrics; the load tester watches its own loops with the same class.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import time
+from typing import Any, Callable
+
+
+class LoopLag:
+    """Sleeps `period_s` again and again on the running loop and records how late each wake-up was (ms).
+
+    `max_ms` is the largest lateness seen; `max_since(t)` the largest of the wake-ups after time.monotonic() `t`
+    within the last `keep_s`. `on_sample(ms)` hears of each wake-up (a histogram)."""
+
+    def __init__(self, period_s: float = 0.05, keep_s: float = 120.0,
+                 on_sample: Callable[[float], None] | None = None) -> None:
+        self.period_s, self.max_ms = period_s, 0.0
+        self._on_sample = on_sample
+        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=int(keep_s / period_s))
+
+    async def watch(self) -> None:
+        while True:
+            due = time.monotonic() + self.period_s
+            await asyncio.sleep(self.period_s)
+            now = time.monotonic()
+            late_ms = max(0.0, (now - due) * 1000)
+            self.max_ms = max(self.max_ms, late_ms)
+            self._recent.append((now, late_ms))
+            if self._on_sample is not None:
+                self._on_sample(late_ms)
+
+    def max_since(self, since: float) -> float | None:
+        """The largest lateness of the wake-ups after `since` (None: none recorded since then)."""
+        late = [ms for t, ms in self._recent if t > since]
+        return round(max(late), 1) if late else None
+
+
+class GcPauses:
+    """Reports each cyclic garbage collection's duration (ms) and generation to `on_pause` while installed. A
+    collection holds the GIL: nothing else in the process runs, neither the event loop nor the engine's worker."""
+
+    def __init__(self, on_pause: Callable[[int, float], None]) -> None:
+        self._on_pause = on_pause
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._on_pause(info["generation"], (time.perf_counter() - self._started) * 1000)
+
+    def install(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
