@@ -154,7 +154,7 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
     try:
         async def together():
             for session in sessions:  # (each call's first job makes its context: out of the way first)
-                await session._conv()
+                await session._ready_context()
             gate = threading.Event()
             held = asyncio.wrap_future(worker.submit(gate.wait))  # the worker busy while every caller's audio
             pushed = [asyncio.ensure_future(s.push_audio(a)) for s, a in zip(sessions, audios)]  # queues up

@@ -40,8 +40,8 @@ def test_context_budget_drops_old_turns_instead_of_failing():
         lengths = []
         for turn in range(8):
             await one_turn(session, caller_audio(4.0, seed=turn))
-            lengths.append(session._conversation.cache.length)
-        return lengths, [s.role for s in session._conversation.segments]
+            lengths.append(session.context.cache.length)
+        return lengths, [s.role for s in session.context.segments]
 
     lengths, roles = run(many_turns())
     assert max(lengths) <= 512
@@ -67,7 +67,7 @@ def test_barge_in_stops_within_a_frame_and_keeps_only_the_heard_text():
 
     async def interrupted_then_next():
         texts, frames, done = await one_turn(session, caller_audio(1.0), cancel_after=5, frames_played=3)
-        history = [s.ids for s in session._conversation.segments if s.role == "assistant"]
+        history = [s.ids for s in session.context.segments if s.role == "assistant"]
         after = await one_turn(session, caller_audio(1.0, seed=9))
         return texts, frames, done, history, after
 
@@ -86,12 +86,12 @@ def test_barge_in_after_the_answer_was_made_trims_the_history():
     async def answer_then_late_cancel():
         _, frames, done = await one_turn(session, caller_audio(1.0))
         await session.cancel(frames_played=4)  # the caller spoke while frame 5 was playing
-        return done, session._conversation.segments[-1].ids, session._conversation.cache.length
+        return done, session.context.segments[-1].ids, session.context.cache.length
 
     done, history, length = run(answer_then_late_cancel())
     ids = engine.ids
     assert history == [ids.im_start, ids.assistant, ids.newline, *done.token_ids[:4], ids.im_end, ids.newline]
-    assert length == sum(len(s.ids) for s in session._conversation.segments)
+    assert length == sum(len(s.ids) for s in session.context.segments)
 
 
 def test_speech_cut_by_its_length_limit_ends_the_text_too():

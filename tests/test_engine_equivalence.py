@@ -73,7 +73,7 @@ def test_chunked_prefill_encodes_while_the_caller_talks():
     async def turn():
         for start in range(0, len(audio), 320):
             await session.push_audio(audio[start:start + 320])
-        conversation = session._conversation
+        conversation = session.context
         encoded_before_end = sum(a.shape[0] for a in conversation.turn.segment.audio)
         pending_before_end = len(conversation.pending)
         texts, frames, done = await one_turn(session, np.zeros(0, np.float32))

@@ -43,7 +43,7 @@ def test_typed_turn_equals_stock_generate_on_the_same_text():
     assert texts and texts == stock_ids[:len(texts)]
     assert list(done.token_ids) == [t for t in stock_ids if t != ids.im_end]
     assert torch.equal(torch.tensor(frames).T, recorded["codes"][0])  # all 16 codebooks, frame for frame
-    conv = session._conversation
+    conv = session.context
     assert conv.segments[1].ids == prompt[len(conv.segments[0].ids):-3]  # the user turn as the chat template has it
 
 
@@ -57,7 +57,7 @@ def test_typed_text_after_speech_joins_the_turn_after_its_audio():
 
     _, _, done = run(main())
     ids = engine.ids
-    user = session._conversation.segments[1].ids
+    user = session.context.segments[1].ids
     typed = engine.tokenizer.encode("And in words?", add_special_tokens=False)
     end = user.index(ids.audio_end)
     assert user[end + 1:] == [*typed, ids.im_end, ids.newline] and ids.audio in user[:end]

@@ -118,7 +118,7 @@ def test_frames_while_the_caller_talks_equal_stock_audio_in_video():
     texts, frames, _ = run(call_turn(session, audio, [(0.5 * n, f) for n, f in enumerate(video)]))
     stock_ids, stock_codes, prompt = stock_video_generate(engine, audio, video, audio_in_video=True)
 
-    assert session._conversation.segments[1].ids == prompt[len(session._conversation.segments[0].ids):-3]
+    assert session.context.segments[1].ids == prompt[len(session.context.segments[0].ids):-3]
     assert_same_answer(engine, texts, frames, stock_ids, stock_codes)
     assert session.video_stats()["seconds_in_context"] == 2
 
@@ -131,7 +131,7 @@ def test_frames_before_the_caller_talks_equal_stock_video_then_audio():
     texts, frames, _ = run(call_turn(session, audio, [(0.5 * n, f) for n, f in enumerate(video)], audio_at=3.0))
     stock_ids, stock_codes, prompt = stock_video_generate(engine, audio, video, audio_in_video=False)
 
-    assert session._conversation.segments[1].ids == prompt[len(session._conversation.segments[0].ids):-3]
+    assert session.context.segments[1].ids == prompt[len(session.context.segments[0].ids):-3]
     assert_same_answer(engine, texts, frames, stock_ids, stock_codes)
 
 
@@ -142,7 +142,7 @@ def test_chunked_prefill_lays_out_video_as_stock_does():
     audio, video = caller_audio(3.5, seed=9), camera(7, seed=2)
     session = engine.new_session(greedy(max_answer_tokens=4, max_frames=4))
     run(call_turn(session, audio, [(0.5 * n, f) for n, f in enumerate(video)]))
-    conversation = session._conversation
+    conversation = session.context
     system, turn = conversation.segments[0], conversation.segments[1]
     _, _, prompt = stock_video_generate(engine, audio, video[:6] + [video[6], video[6]], audio_in_video=True)
 
@@ -175,7 +175,7 @@ def test_video_budget_keeps_the_newest_seconds_and_their_positions():
     session = engine.new_session(greedy(max_answer_tokens=2, max_frames=2))
     video = camera(24, seed=3)
     run(call_turn(session, caller_audio(12.0), [(0.5 * n, f) for n, f in enumerate(video)]))
-    conversation = session._conversation
+    conversation = session.context
     stats = session.video_stats()
     assert 4 <= stats["seconds_in_context"] <= 6  # the window plus at most half of it before a drop
     turn = conversation.segments[1]
@@ -212,7 +212,7 @@ def test_video_off_then_on_between_turns():
     run(call_turn(session, caller_audio(1.0), [(0.0, camera(1)[0]), (0.5, camera(2)[1])]))
     run(call_turn(session, caller_audio(1.0, seed=1), [], audio_at=10.0))  # camera off
     run(call_turn(session, caller_audio(1.0, seed=2), [(20.0, camera(1, seed=4)[0])], audio_at=20.0))
-    users = [s for s in session._conversation.segments if s.role == "user"]
+    users = [s for s in session.context.segments if s.role == "user"]
     assert [ids.vision_start in s.ids for s in users] == [True, False, True]
     assert [s.ids.count(ids.video) for s in users] == [6, 0, 6]
 
@@ -221,7 +221,7 @@ def test_audio_only_call_has_no_video_tokens():
     engine = engine_for(prefill_chunk_s=0)
     session = engine.new_session(greedy(max_answer_tokens=2, max_frames=2))
     run(one_turn(session, caller_audio(1.0)))
-    turn = session._conversation.segments[1]
+    turn = session.context.segments[1]
     assert engine.ids.vision_start not in turn.ids and engine.ids.video not in turn.ids
     assert session.video_stats() == {"frames_received": 0, "last_at": None, "seconds_in_context": 0,
                                      "tokens_in_context": 0, "window_s": 30}

@@ -1,5 +1,5 @@
 """The model side of rtc-agent: Qwen3-Omni's Thinker, Talker and Code2Wav, streamed (see engine.py)."""
-from .conversation import TurnTooLongError
+from .context import TurnTooLongError
 from .engine import PREPARE_AFTER_SILENCE_MS, Engine, EngineFullError, Session
 from .events import FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, TextDelta
 from .kv_cache import ContextFullError

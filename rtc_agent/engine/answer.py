@@ -1,6 +1,6 @@
 """Answers in progress, and the batched step that advances all of them at once (one 80 ms frame each).
 
-An answer starts with `Conversation.begin_answer` (the turn's tail, the assistant header, the first token and the
+An answer starts with `CallContext.begin_answer` (the turn's tail, the assistant header, the first token and the
 Talker's prefix, on one slot). From then on `tick` moves every answer forward together: for the answers that
 speak, the code predictor's 15 steps for all of them, the Thinker's next token for all of them (on a side stream,
 next to the rest), their Code2Wav frames (one step for the answers with as many frames before this one), then the
@@ -28,10 +28,10 @@ FRAME_S = 0.08  # one codec frame of speech
 class Answer:
     """One session's answer: what the batched step reads and advances for its slot's row."""
 
-    def __init__(self, conversation, emit: Callable[[Event | Exception], None], started: float, header: list[int],
+    def __init__(self, context, emit: Callable[[Event | Exception], None], started: float, header: list[int],
                  answer_start: int) -> None:
-        self.conversation = conversation
-        self.options = conversation.options
+        self.context = context
+        self.options = context.options
         self.emit = emit
         self.started = started
         self.header = header
@@ -52,7 +52,7 @@ class Answer:
 
     @property
     def row(self) -> int:
-        return self.conversation.slot.index
+        return self.context.slot.index
 
     def add_first_token(self, token: int) -> None:
         self.tokens.append(token)
@@ -60,7 +60,7 @@ class Answer:
         self.emit(self._delta(token))
 
     def _delta(self, token: int) -> TextDelta:
-        return TextDelta(self.conversation.core.tokenizer.decode([token]), token)
+        return TextDelta(self.context.core.tokenizer.decode([token]), token)
 
     def interrupt(self, frames_played: int) -> None:
         """Stop within one frame; the history keeps the text of the first `frames_played` frames."""
@@ -87,20 +87,20 @@ class Answer:
 
     def finish(self) -> None:
         """Leave the caches holding the answer as the caller heard it and send `ResponseDone`."""
-        conversation = self.conversation
+        context = self.context
         interrupted = self.interrupted_at is not None
         speech = self.spoken
         kept = self.tokens if not speech or not interrupted else self.tokens[:self.interrupted_at]
         self.done = True
         try:
-            conversation.close_answer(self.answer_start, self.header, kept, self.tokens if speech else None)
+            context.close_answer(self.answer_start, self.header, kept, self.tokens if speech else None)
         finally:
             if self.frame_times:
                 self.metrics["frame_ms_p50"] = float(np.percentile(self.frame_times, 50) * 1e3)
                 self.metrics["frame_ms_p90"] = float(np.percentile(self.frame_times, 90) * 1e3)
             self.metrics["audio_s"] = self.frames * FRAME_S
             self.metrics["total_ms"] = (time.perf_counter() - self.started) * 1e3  # the whole answer made
-            decoded = conversation.core.tokenizer.decode(kept)
+            decoded = context.core.tokenizer.decode(kept)
             self.emit(ResponseDone(decoded, tuple(kept), self.frames, interrupted, self.metrics))
 
 
@@ -141,14 +141,14 @@ def _tokens(pool: SlotPool, answers: list[Answer], overlap: bool) -> None:
     rows: list = [None] * rows_for(max(a.row for a in answers), len(pool))
     samplings = [answers[0].options.thinker_sampling] * len(rows)
     for a in answers:
-        rows[a.row] = (a.conversation.slot, a.tokens[-1], a.conversation.generator)
+        rows[a.row] = (a.context.slot, a.tokens[-1], a.context.generator)
         samplings[a.row] = a.options.thinker_sampling
     pool.start_tokens(rows, samplings, overlap)
     if not overlap:
         tokens = pool.tokens()
         for a in answers:
             token = tokens[a.row]
-            if token == a.conversation.ids.im_end:
+            if token == a.context.ids.im_end:
                 a.thinker_done = True
             else:
                 a.tokens.append(token)
@@ -158,7 +158,7 @@ def _tokens(pool: SlotPool, answers: list[Answer], overlap: bool) -> None:
 def _frames(pool: SlotPool, group: list[Answer]) -> None:
     """One frame for each answer of `group` (answers that share their sampling settings)."""
     talker = pool.talker
-    core = group[0].conversation.core
+    core = group[0].context.core
     rows = rows_for(max(a.row for a in group), len(pool))
     members = {a.row: a for a in group}
     talker_sampling, predictor_sampling = _shared(group, "talker_sampling"), _shared(group, "predictor_sampling")
@@ -186,7 +186,7 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
     for a in going:
         if a in ahead and not last[a.row]:  # at the frame limit the token goes unused (cropped with the answer)
             token = tokens[a.row]
-            a.thinker_done = token == a.conversation.ids.im_end
+            a.thinker_done = token == a.context.ids.im_end
             if not a.thinker_done:
                 a.tokens.append(token)
                 # As in stock generate, the answer's last token (EOS, or the one at the length limit) is not
@@ -223,7 +223,7 @@ def _speech(pool: SlotPool, rows: int, going: list[Answer], codes: torch.Tensor)
     before this one (all of them once past their first few frames; answers that started together share those)."""
     groups: dict[int, set[int]] = {}
     for a in going:
-        groups.setdefault(a.conversation.code2wav.frames_before, set()).add(a.row)
+        groups.setdefault(a.context.code2wav.frames_before, set()).add(a.row)
     samples: dict[int, torch.Tensor] = {}
     for before, members in groups.items():
         batch = pool.code2wav.push([r if r in members else None for r in range(rows)], codes, before)
@@ -234,14 +234,14 @@ def _speech(pool: SlotPool, rows: int, going: list[Answer], codes: torch.Tensor)
 def _draws(members: dict[int, Answer], rows: int, name: str) -> list[torch.Generator | None]:
     """Each row's generator for a draw under its answer's `name` settings: None for a greedy answer's row and a
     row without an answer (their noise is zeros)."""
-    return [a.conversation.generator if (a := members.get(r)) is not None and not getattr(a.options, name).greedy
+    return [a.context.generator if (a := members.get(r)) is not None and not getattr(a.options, name).greedy
             else None for r in range(rows)]
 
 
 def _talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], codes: torch.Tensor,
                  texts: dict[int, torch.Tensor | int], sampling: Sampling) -> None:
     """The next Talker step of the rows in `texts` (the others sit it out)."""
-    talker, core = pool.talker, next(iter(members.values())).conversation.core
+    talker, core = pool.talker, next(iter(members.values())).context.core
     token_rows = [r for r, t in texts.items() if isinstance(t, int)]
     projected = dict(zip(token_rows, core.text_input([[texts[r]] for r in token_rows]))) if token_rows else {}
     blank = core.tts["pad"].new_zeros(1, 1, core.tts["pad"].shape[-1])

@@ -136,7 +136,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
                                                   max_frames=args.answer_frames)) for n in range(args.sessions)]
     callers = await asyncio.gather(*(_caller(session, args, width, height, n) for n, session in enumerate(sessions)))
-    stages = await engine.run(_stage_times, engine, [s._conversation for s in sessions]) if engine.speech else {}
+    stages = await engine.run(_stage_times, engine, [s.context for s in sessions]) if engine.speech else {}
     encoder = await engine.run(_encoder_times, engine)
     video = sessions[0].video_stats()
     for session in sessions:
@@ -224,21 +224,21 @@ async def _hang_over(session, silence_ms: int, at: float) -> None:
         await prepared
 
 
-def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict[str, float]:
+def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str, float]:
     """Median cost of each stage of one steady-state frame for the sessions' rows as one batch (what a frame of
     that many answers at once costs), host synchronisation included."""
     pool, talker = engine.pool, engine.pool.talker
-    rows = rows_for(max(c.slot.index for c in conversations), len(pool))
-    options = conversations[0].options
+    rows = rows_for(max(c.slot.index for c in contexts), len(pool))
+    options = contexts[0].options
     codes = torch.zeros(rows, engine.model.config.talker_config.num_code_groups, dtype=torch.long,
                         device=engine.device)
     text = engine.tts["pad"].expand(rows, 1, -1).contiguous()
-    slots = {c.slot.index: c for c in conversations}
+    slots = {c.slot.index: c for c in contexts}
     thinker_rows = [(slots[r].slot, 0, slots[r].generator) if r in slots else None for r in range(rows)]
     stepping = [r if r in slots else None for r in range(rows)]
     noise = torch.zeros(rows, talker.vocab, device=engine.device)
     residual = torch.zeros(rows, (talker.config.num_code_groups - 1) * talker.residual_vocab, device=engine.device)
-    streams = [c.code2wav for c in conversations]
+    streams = [c.code2wav for c in contexts]
 
     def code2wav_frame() -> None:
         pool.code2wav.push(stepping, codes, pool.code2wav.context).cpu()
@@ -253,16 +253,16 @@ def _stage_times(engine: Engine, conversations: list, repeats: int = 20) -> dict
         "code_predictor_15": lambda: talker.frame_codes(rows, options.predictor_sampling, residual).tolist(),
         "code2wav_frame": code2wav_frame,
     }
-    lengths = [(c.cache.length, c.talker.cache.length) for c in conversations]
+    lengths = [(c.cache.length, c.talker.cache.length) for c in contexts]
     for stream in streams:  # a full upsampler context before each timed frame
         stream.reset()
         for _ in range(stream.context):
             stream.push(codes[0])
     result = {name: _median_ms(engine, stage, repeats) for name, stage in stages.items()}
-    for conversation, (thinker_length, talker_length) in zip(conversations, lengths):
-        conversation.cache.crop(thinker_length)
-        conversation.talker.cache.crop(talker_length)
-        conversation.code2wav.reset()
+    for context, (thinker_length, talker_length) in zip(contexts, lengths):
+        context.cache.crop(thinker_length)
+        context.talker.cache.crop(talker_length)
+        context.code2wav.reset()
     return result
 
 

@@ -22,7 +22,7 @@ import torch
 from . import audio_input, vision_input
 from .kernels import attention, moe, norm, rotary
 from .answer import Answer, tick
-from .conversation import Conversation, TokenIds
+from .context import CallContext, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .graphs import to_device
 from .loader import LoadedModel, load
@@ -184,7 +184,7 @@ class Session:
         if slot is None:
             raise EngineFullError(f"all {len(engine.pool)} session slots are taken")
         self._slot = slot
-        self._conversation: Conversation | None = None
+        self._context: CallContext | None = None
         self._answer: Answer | None = None
         self._answering = False  # from respond() until its answer is over
         self._buffered: list[tuple[np.ndarray, float | None]] = []  # audio pushed while an answer is being made
@@ -203,22 +203,27 @@ class Session:
         """Change voice, instructions or sampling; they apply from the next turn on."""
         self.options = self._resolve(replace(self.options, **changes))
 
-    async def _conv(self) -> Conversation:
-        if self._conversation is None:
-            self._conversation = await self._run(Conversation, self.engine, self._slot, self.options)
-        elif self._conversation.options is not self.options:
-            await self._run_turn(self._conversation.apply, self.options)
-        return self._conversation
+    @property
+    def context(self) -> CallContext | None:
+        """This call's model-side state, once its first input came (the bench and the GPU checks read it)."""
+        return self._context
+
+    async def _ready_context(self) -> CallContext:
+        if self._context is None:
+            self._context = await self._run(CallContext, self.engine, self._slot, self.options)
+        elif self._context.options is not self.options:
+            await self._run_turn(self._context.apply, self.options)
+        return self._context
 
     async def _run(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
         """Run `fn(*args)` on the worker, in order with this call's other work."""
         return await self.engine.run(fn, *args, urgent=urgent, key=self._slot.index)
 
     async def _run_turn(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
-        """Run a piece of this call's work on the worker (`fn` may be a generator of `Conversation`'s, its prefills
+        """Run a piece of this call's work on the worker (`fn` may be a generator of `CallContext`'s, its prefills
         batched with other calls'). If the GPU runs out of memory in it, the caller's turn is dropped, the caches
         are left consistent, and `EngineOutOfMemory` says so: the call goes on."""
-        conv = self._conversation
+        context = self._context
 
         def job():
             try:
@@ -228,7 +233,7 @@ class Session:
                 return result
             except torch.OutOfMemoryError:
                 log.warning("out of GPU memory in %s; the caller's turn is dropped", getattr(fn, "__name__", fn))
-                conv.recover()
+                context.recover()
                 raise EngineOutOfMemory("the GPU ran out of memory for this turn; it was dropped (the call goes "
                                         "on: speak again)") from None
 
@@ -237,9 +242,9 @@ class Session:
     async def limit_video(self, window_s: int) -> int | None:
         """Keep at most `window_s` seconds of the caller's video in the context (the memory guard); returns the
         window now in force, None when this call has sent no video."""
-        if self._conversation is None or self.closed:
+        if self._context is None or self.closed:
             return None
-        return await self._run(self._conversation.limit_video, window_s)
+        return await self._run(self._context.limit_video, window_s)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
                          at: float | None = None) -> None:
@@ -255,8 +260,8 @@ class Session:
         if self._answering:
             self._buffered.append((samples, at))
             return
-        conv = await self._conv()
-        await self._run_turn(conv.add_audio, samples, at)
+        context = await self._ready_context()
+        await self._run_turn(context.add_audio, samples, at)
 
     async def push_text(self, text: str) -> None:
         """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole
@@ -266,15 +271,15 @@ class Session:
             raise ValueError("text must be a string")
         if self._answering:
             raise RuntimeError("an answer is in progress on this session: push text after it")
-        conv = await self._conv()
-        await self._run(conv.add_text, text)
+        context = await self._ready_context()
+        await self._run(context.add_text, text)
 
     async def flush(self) -> None:
         """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
         has only what comes after to encode). No effect during an answer."""
         self._check_open()
-        if self._conversation is not None and not self._answering:
-            await self._run_turn(self._conversation.flush)
+        if self._context is not None and not self._answering:
+            await self._run_turn(self._context.flush)
 
     async def prepare_answer(self) -> None:
         """The caller paused and may be done (a call server's hang-over has begun): prefill the turn and make its
@@ -282,8 +287,8 @@ class Session:
         turn's trailing silence: push it only if the caller speaks again (a push, text or an abort undoes the
         preparation first); video frames can still be pushed. No effect during an answer."""
         self._check_open()
-        if self._conversation is not None and not self._answering:
-            await self._run_turn(self._conversation.prepare_answer, urgent=True)
+        if self._context is not None and not self._answering:
+            await self._run_turn(self._context.prepare_answer, urgent=True)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait
@@ -292,35 +297,35 @@ class Session:
         self._check_open()
         image = vision_input.check_image(image)
         at = _check_time(at)
-        conv = await self._conv()
-        await self._run(conv.add_image, image, at)
+        context = await self._ready_context()
+        await self._run(context.add_image, image, at)
 
     def video_stats(self) -> dict[str, Any]:
         """What became of the caller's video: frames received, seconds of video in the context."""
-        conv = self._conversation
-        if conv is None:
+        context = self._context
+        if context is None:
             return {"frames_received": 0, "last_at": None, "seconds_in_context": 0, "tokens_in_context": 0,
                     "window_s": self.engine.options.video_window_s}
-        segments = [*conv.segments, *([conv.turn.segment] if conv.turn is not None else [])]
+        segments = [*context.segments, *([context.turn.segment] if context.turn is not None else [])]
         grids = [g for s in segments for g in s.grids]
-        return {"frames_received": conv.video.received, "last_at": conv.video.last_at,
+        return {"frames_received": context.video.received, "last_at": context.video.last_at,
                 "seconds_in_context": len(grids), "tokens_in_context": sum(g.tokens for g in grids),
-                "window_s": conv.video.window_s}
+                "window_s": context.video.window_s}
 
     async def abort_turn(self) -> None:
         """Forget the caller audio pushed since the last answer (a false start)."""
         self._check_open()
         self._buffered.clear()
-        if self._conversation is not None:
-            await self._run_turn(self._conversation.abort_turn)
+        if self._context is not None:
+            await self._run_turn(self._context.abort_turn)
 
     async def respond(self) -> AsyncIterator[Event]:
         """End the caller's turn and stream the answer: TextDelta and SpeechFrame events, then one ResponseDone."""
         self._check_open()
         if self._answering:
             raise RuntimeError("an answer is already in progress on this session")
-        conv = await self._conv()
-        if not conv.has_audio() and not conv.typed:
+        context = await self._ready_context()
+        if not context.has_audio() and not context.typed:
             raise ValueError("no caller audio or text in this turn: push at least 10 ms of audio, or text, before "
                              "asking for an answer")
         loop = asyncio.get_running_loop()
@@ -330,7 +335,7 @@ class Session:
         asked_at = time.perf_counter()
 
         def start():
-            answer = yield from conv.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+            answer = yield from context.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
                                                   asked_at)
             self.engine.add_answer(answer)
             return answer
@@ -367,7 +372,7 @@ class Session:
                     pass
             buffered, self._buffered = self._buffered, []
             for samples, at in buffered:
-                await self._run_turn(conv.add_audio, samples, at)
+                await self._run_turn(context.add_audio, samples, at)
 
     async def cancel(self, frames_played: int | None = None) -> None:
         """Barge-in: stop the answer within one frame. `frames_played` is how many frames the caller heard (the
@@ -378,8 +383,8 @@ class Session:
             self._interrupt = played
             if self._answer is not None:
                 self._answer.interrupt(played)
-        elif frames_played is not None and self._conversation is not None and not self.closed:
-            await self._run_turn(self._conversation.trim_last_answer, frames_played)
+        elif frames_played is not None and self._context is not None and not self.closed:
+            await self._run_turn(self._context.trim_last_answer, frames_played)
 
     async def close(self) -> None:
         """End the call: its answer stops, and its slot goes back to the engine."""
@@ -390,7 +395,7 @@ class Session:
             self._answer.interrupt(0)
         self._release.detach()
         await self._run(self.engine.release, self._slot)
-        self._conversation = None
+        self._context = None
 
     def _check_open(self) -> None:
         if self.closed:

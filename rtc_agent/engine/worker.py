@@ -10,7 +10,7 @@ least `MIN_LEAD_S` of speech ahead of its playout; an answer closer to its deadl
 a caller listening to an answer never hears a late frame because another caller started talking, while the
 callers who are talking still have their audio taken in.
 
-A job may be a generator (a session's turn work, see `Conversation`): it yields requests (audio to encode, a short
+A job may be a generator (a session's turn work, see `CallContext`): it yields requests (audio to encode, a short
 Thinker or Talker prefill). The worker then starts every queued job of the other sessions too, up to their first
 request, and runs all the requests as one round (`run_requests`: one pass of the audio encoder, one batched Thinker
 prefill, one batched Talker prefill), round after round until the jobs are done. Eight callers who end their turns
@@ -240,7 +240,7 @@ class Worker:
                     except Exception:  # noqa: BLE001
                         answer.done = True
                         try:  # its caches may hold half an answer: prefill them again from what is kept
-                            answer.conversation.recover()
+                            answer.context.recover()
                         except Exception:  # noqa: BLE001
                             log.exception("a failed answer's context could not be restored")
         running = []

@@ -254,7 +254,7 @@ async def _session_stages(loaded, fast_moe: bool) -> dict:
         async for _ in session.respond():
             pass
     turns_s = time.perf_counter() - began
-    stages = await engine.run(_stage_times, engine, [session._conversation])
+    stages = await engine.run(_stage_times, engine, [session.context])
     await session.close()
     engine.close()
     return {"fast_moe": fast_moe, "stage_ms": stages, "two_turns_s": round(turns_s, 2)}
@@ -273,11 +273,11 @@ async def _profile_thinker_step(loaded, steps: int = 3) -> dict:
     await session.push_audio(_caller_turn(1.0, seed=0))
     async for _ in session.respond():
         pass
-    conversation = session._conversation
+    context = session.context
 
     def decode() -> None:
-        engine.pool.start_tokens([(conversation.slot, 0, conversation.generator)],
-                                 [conversation.options.thinker_sampling], overlap=False)
+        engine.pool.start_tokens([(context.slot, 0, context.generator)],
+                                 [context.options.thinker_sampling], overlap=False)
         engine.pool.tokens()
 
     def job():

@@ -77,7 +77,7 @@ class Turn:
 
 @dataclass
 class Prepared:
-    """An answer made ready at a pause in the caller's turn (`Conversation.prepare_answer`), its events held until
+    """An answer made ready at a pause in the caller's turn (`CallContext.prepare_answer`), its events held until
     the turn ends, and what undoes it if the caller goes on instead."""
 
     answer: Answer
@@ -122,10 +122,10 @@ class TokenIds:
 
 
 T = TypeVar("T")
-Prefilling = Generator[PrefillRequest | TalkerPrefillRequest | audio_input.AudioRequest, Any, T]  # see `Conversation`
+Prefilling = Generator[PrefillRequest | TalkerPrefillRequest | audio_input.AudioRequest, Any, T]  # see `CallContext`
 
 
-class Conversation:
+class CallContext:
     """One call's context in its session slot: the conversation so far (kept so the cache can be rebuilt), the
     caller's turn being prefilled, and the start and end of each answer (`begin_answer`, `close`).
 
