@@ -54,7 +54,11 @@ class SpeechProbability:
     def __call__(self, chunk: np.ndarray) -> float:
         if chunk.shape != (CHUNK_SAMPLES,):
             raise ValueError(f"silero-vad takes {CHUNK_SAMPLES} samples, got shape {chunk.shape}")
-        with self._torch.inference_mode():
+        # Without the TorchScript executor's optimisation: it profiles a model's first calls and then compiles
+        # an optimised graph, which took 85 ms on a 2-core CPU and stalled the event loop (every call's media) for
+        # over 250 ms on the H200 machine, once for each new model. Unoptimised, a call costs 0.24 ms against
+        # 0.20 (median, 2-core CPU) and the first one 3 ms. The setting is per thread.
+        with self._torch.inference_mode(), self._torch.jit.optimized_execution(False):
             return float(self._model(self._torch.from_numpy(chunk), 16_000))
 
 
@@ -63,9 +67,9 @@ class VadPool:
     a graph of scripted modules that only Python's cyclic GC frees (thousands over a few hundred calls). The
     pool holds at most as many models as calls were ever up at once.
 
-    The server loads one per call slot at start-up (`preload`): a TorchScript load holds the GIL for tens of
-    ms at a time, so loading them as calls arrive stalled the media of the calls already talking (measured
-    with 16 callers joining at once: their event loop stalled for more than 250 ms)."""
+    The server loads one per call slot at start-up (`preload`): a TorchScript load holds the GIL for long
+    stretches, and loading them as calls arrive held up the media of the calls already talking (a stack dump of
+    the H200 server, 16 callers joining, caught its event loop 250 ms late while a load ran)."""
 
     def __init__(self) -> None:
         self._free: list[SpeechProbability] = []

@@ -115,8 +115,9 @@ async def _load_engine(state: ServerState) -> None:
 
 def _freeze_startup_objects() -> None:
     """Takes what start-up made (the model, torch, transformers: ~400 000 objects) out of the cyclic garbage
-    collector's reach. A full collection over them holds the GIL for ~150 ms (tiny model, CPU), which stops every
-    call's media and the engine's worker at once; they live as long as the process anyway."""
+    collector's reach. A full collection over them holds the GIL for ~150 ms (tiny model, 2-core CPU) to ~225 ms
+    (full size, the H200 machine), which stops every call's media and the engine's worker at once; they live as
+    long as the process anyway."""
     gc.collect()
     gc.freeze()
 
