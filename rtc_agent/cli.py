@@ -48,7 +48,8 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
                       "default: an espeak-ng sentence")
     load.add_argument("--turns", type=int, default=1, help="times each caller says the whole WAV (default 1)")
     load.add_argument("--max-wait-s", type=float, default=30.0,
-                      help="seconds after a turn's speech for its answer to end; later is a failure (default 30)")
+                      help="a turn's answer that has not ended this many seconds after the speech and after its "
+                      "latest audio packet is a failure (a long answer that streams on is waited for; default 30)")
     load.add_argument("--retry-s", type=float, default=0.0,
                       help="wait up to this long for /readyz, then retry a 503 (server_full, not_ready) this long, "
                       "after its Retry-After (default 0: no waiting, a 503 is a failure)")

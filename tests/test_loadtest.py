@@ -113,6 +113,20 @@ def test_callers_spread_over_two_client_processes_are_reported_as_one_run(wav: s
     run(main_())
 
 
+@needs_espeak
+def test_an_answer_longer_than_max_wait_is_waited_for_while_it_streams(wav: str) -> None:
+    async def main_() -> None:
+        async with server(max_sessions=1, max_answer_s=5.0) as (url, _):
+            code, out, err = await loadtest(url, "--wav", wav, "--max-wait-s", "2", "--json")
+        assert code == 0, err
+        (caller,) = json.loads(out)["callers"]
+        (turn,) = caller["turns"]
+        assert caller["failure"] is None and turn["status"] == "completed"
+        assert turn["server"]["audio_s"] >= 4  # it ended well after the 2 s wait, streaming all along
+
+    run(main_())
+
+
 def test_a_client_process_that_fails_outside_its_callers_is_reported_not_waited_for() -> None:
     broken = ("http://127.0.0.1:9", None, [], None, {})  # no settings: each process fails before any caller
     with pytest.raises(client_loadtest.ClientProcessError, match="AttributeError"):

@@ -28,9 +28,9 @@ import numpy as np
 
 from ..loop_lag import LoopLag
 from ..media.ice import use_host_addresses
-from .call import CONNECT_WARMUP_S, GAP_S, TAIL_S, connection_gone, dial, load_speech, turn_report
+from .call import ANSWER_PACKET, CONNECT_WARMUP_S, GAP_S, TAIL_S, connection_gone, dial, load_speech, turn_report
 from .microphone import RATE, Microphone
-from .peer import Call, CallError
+from .peer import Call, CallError, ReceivedAudio
 
 DEFAULT_SENTENCE = "What is the weather like in Paris today?"
 PAUSE_S = 1.0  # after an answer ends, before the caller speaks again
@@ -51,7 +51,8 @@ class LoadSettings:
     callers: int = 1
     ramp_s: float = 0.0  # caller k starts at k * ramp_s / callers
     turns: int = 1  # times each caller says the whole WAV
-    max_wait_s: float = 30.0  # after a turn's speech ends, for its answer to end; then it counts as a failure
+    max_wait_s: float = 30.0  # an answer that has not ended this long after the speech and after its latest
+    # packet (not streaming) counts as a failure: a long answer that streams on is waited for
     retry_s: float = 0.0  # retry a 503 (server_full, not_ready) this long, after its Retry-After; 0: fail
     gap_s: float = GAP_S
     processes: int = 1  # client processes the callers are spread over, each with its own event loop
@@ -226,14 +227,13 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         answered = len(call.events_of("response.done"))
         at = mic.play(samples[start:end])
         said.append((mic.time_at(at), mic.time_at(at + end - start)))
-        wait_s = said[-1][1] + settings.max_wait_s - time.monotonic()
-        await _until(lambda: len(call.events_of("response.done")) > answered or connection_gone(call), wait_s)
+        await _until_answered(call, answered, said[-1][1], settings.max_wait_s)
         if connection_gone(call):
             failure = {"code": "connection_lost", "message": f"the connection closed during turn {turn + 1}"}
             break
         if len(call.events_of("response.done")) == answered:
-            failure = {"code": "no_answer",
-                       "message": f"turn {turn + 1}: no answer ended within {settings.max_wait_s:g} s of the speech"}
+            failure = {"code": "no_answer", "message": f"turn {turn + 1}: no answer ended, and none streamed for "
+                                                      f"{settings.max_wait_s:g} s after the speech"}
             break
         if turn + 1 < settings.turns * len(spans):
             await asyncio.sleep(PAUSE_S)
@@ -243,6 +243,26 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         next_at = said[i + 1][0] if i + 1 < len(said) else float("inf")
         turns.append(turn_report(call, end_at, next_at, dones[i] if i < len(dones) else None, settings.gap_s))
     return failure
+
+
+async def _until_answered(call: Call, answered: int, speech_end: float, max_wait_s: float, poll_s: float = 0.05
+                          ) -> None:
+    """Until the turn's answer has ended (`answered` response.done before it) or the connection has gone; gives
+    up once `max_wait_s` have passed since the speech ended and since the latest answer packet arrived."""
+    while len(call.events_of("response.done")) <= answered and not connection_gone(call):
+        if time.monotonic() - latest_answer_packet(call.audio, speech_end) > max_wait_s:
+            return
+        await asyncio.sleep(poll_s)
+
+
+def latest_answer_packet(audio: ReceivedAudio, since: float) -> float:
+    """Arrival time of the latest answer packet (80 ms) after `since`, or `since` when none came after it."""
+    for at, size in zip(reversed(audio.times), reversed(audio.decoded)):
+        if at <= since:
+            break
+        if size == ANSWER_PACKET:
+            return at
+    return since
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.05) -> None:
