@@ -25,7 +25,7 @@ def test_a_blocked_loop_shows_as_lateness_after_the_time_it_began() -> None:
     before, since_block, since_future = run(main_())
     assert since_block is not None and since_block >= 250
     assert since_future is None  # nothing recorded after that time
-    assert max(samples) >= 250 and len(samples) >= 5
+    assert max(samples) >= 250 and len(samples) >= 2  # every wake-up reported
 
 
 def test_gc_pauses_report_each_collection_while_installed() -> None:
