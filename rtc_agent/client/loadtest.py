@@ -227,7 +227,10 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         answered = len(call.events_of("response.done"))
         at = mic.play(samples[start:end])
         said.append((mic.time_at(at), mic.time_at(at + end - start)))
-        await _until_answered(call, answered, said[-1][1], settings.max_wait_s)
+        speech_end = said[-1][1]
+        await _until(lambda: len(call.events_of("response.done")) > answered or connection_gone(call)
+                     or time.monotonic() - latest_answer_packet(call.audio, speech_end) > settings.max_wait_s,
+                     math.inf)  # (the answer has ended, or it has not and none streamed for max_wait_s)
         if connection_gone(call):
             failure = {"code": "connection_lost", "message": f"the connection closed during turn {turn + 1}"}
             break
@@ -243,16 +246,6 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         next_at = said[i + 1][0] if i + 1 < len(said) else float("inf")
         turns.append(turn_report(call, end_at, next_at, dones[i] if i < len(dones) else None, settings.gap_s))
     return failure
-
-
-async def _until_answered(call: Call, answered: int, speech_end: float, max_wait_s: float, poll_s: float = 0.05
-                          ) -> None:
-    """Until the turn's answer has ended (`answered` response.done before it) or the connection has gone; gives
-    up once `max_wait_s` have passed since the speech ended and since the latest answer packet arrived."""
-    while len(call.events_of("response.done")) <= answered and not connection_gone(call):
-        if time.monotonic() - latest_answer_packet(call.audio, speech_end) > max_wait_s:
-            return
-        await asyncio.sleep(poll_s)
 
 
 def latest_answer_packet(audio: ReceivedAudio, since: float) -> float:
