@@ -117,9 +117,22 @@ async def server(engine_: Any = "shared", ssl_context: Any = None, memory: Any =
     """A real server on a free loopback port; yields its URL and app. engine_: "shared" (the tiny engine of this
     process), None (the server loads its own in the background), or an engine. `memory`: the memory guard's
     reader (default: the engine's, which reads nothing on a CPU)."""
-    from rtc_agent.server.app import create_app, make_runner
+    async with contextlib.AsyncExitStack() as stack:
+        chosen = engine() if engine_ == "shared" else engine_
+        served = None if chosen is None else await stack.enter_async_context(hosted(chosen))
+        yield await stack.enter_async_context(listening(create_app_for(served, memory, overrides), ssl_context))
 
-    app = create_app(settings(**overrides), engine=engine() if engine_ == "shared" else engine_, memory=memory)
+
+def create_app_for(engine_: Any, memory: Any, overrides: dict[str, Any]) -> web.Application:
+    from rtc_agent.server.app import create_app
+
+    return create_app(settings(**overrides), engine=engine_, memory=memory)
+
+
+@contextlib.asynccontextmanager
+async def listening(app: web.Application, ssl_context: Any = None) -> AsyncIterator[tuple[str, web.Application]]:
+    from rtc_agent.server.app import make_runner
+
     runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
@@ -129,6 +142,27 @@ async def server(engine_: Any = "shared", ssl_context: Any = None, memory: Any =
         yield f"{scheme}://127.0.0.1:{runner.addresses[0][1]}", app
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def hosted(engine_: Any) -> AsyncIterator[Any]:
+    """`engine_` served as the engine process serves its engine (engine/host.py), here on this test's event loop,
+    and the server's view of it: a RemoteEngine over the Unix socket. Every server test crosses the process
+    split's boundary (records, pickling, the socket, request order), with the engine in this process so that it
+    is loaded once."""
+    from rtc_agent.engine.host import EngineHost
+    from rtc_agent.engine.remote import RemoteEngine
+
+    with tempfile.TemporaryDirectory(prefix="rtc-agent-test-") as where:
+        path = Path(where) / "engine.sock"
+        host = EngineHost(engine_)
+        await host.start(path)
+        remote = RemoteEngine(path, "test")
+        try:
+            yield await remote.connect()
+        finally:
+            await remote.close()
+            await host.close()
 
 
 async def audio_offer() -> str:

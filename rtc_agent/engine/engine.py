@@ -135,6 +135,11 @@ class Engine:
         """A session on a free slot; `EngineFullError` when every slot is taken."""
         return Session(self, options)
 
+    async def open_session(self, options: SessionOptions = SessionOptions()) -> "Session":
+        """`new_session` as the server asks for one: the same call for this engine and for one in another process
+        (remote.RemoteEngine)."""
+        return self.new_session(options)
+
     def release(self, slot: Slot) -> None:
         """Give `slot` back once its answer in progress, if any, is over (on the worker)."""
         answer = slot.answer

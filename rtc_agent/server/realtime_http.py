@@ -244,7 +244,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     s = state.settings
     check_capacity(state)
     try:
-        engine_session = new_engine_session(state, s.voice, s.instructions)
+        engine_session = await new_engine_session(state, s.voice, s.instructions)
         vad = await state.vads.acquire()
         try:
             end_of_turn = await asyncio.to_thread(installed_scorer)

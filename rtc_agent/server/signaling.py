@@ -112,13 +112,13 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
     return _answer_response(pc, call.id)
 
 
-def new_engine_session(state: ServerState, voice: str, instructions: str) -> EngineSession:
+async def new_engine_session(state: ServerState, voice: str, instructions: str) -> EngineSession:
     from ..engine import EngineFullError, SessionOptions
 
     try:
         options = SessionOptions(voice=voice, instructions=instructions,
                                  max_frames=max(1, round(state.settings.max_answer_s / PACKET_S)))
-        return state.engine.new_session(options)
+        return await state.engine.open_session(options)
     except ValueError as exc:
         raise ApiError(400, "invalid_value", str(exc)) from None
     except EngineFullError as exc:
@@ -130,7 +130,7 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
-    engine_session = new_engine_session(state, voice, instructions)
+    engine_session = await new_engine_session(state, voice, instructions)
     vad = await state.vads.acquire()
     end_of_turn = await asyncio.to_thread(installed_scorer)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))

@@ -1,0 +1,169 @@
+"""The engine's side of the process split: serves one loaded `Engine` to media processes over a Unix socket.
+
+Each media process holds one connection and opens a session per call on it. Requests run as tasks on this
+process's event loop in the order they arrive, so a call's pushes keep their order (its media process awaits each
+one) while a cancel reaches an answer that is still streaming, as in one process. A media process that goes away
+(a crash, kill -9) closes its connection: every session it held is closed and its slot goes back to the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..loop_lag import LoopLag
+from . import wire
+from .engine import Engine, Session
+
+log = logging.getLogger(__name__)
+SESSION_METHODS = frozenset({"push_audio", "push_image", "push_text", "abort_turn", "flush", "prepare_answer",
+                             "cancel", "limit_video", "close"})
+NOTICES = frozenset({"update", "close"})
+
+
+class EngineHost:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.loop_lag = LoopLag()
+        self._server: asyncio.AbstractServer | None = None
+        self._ids = itertools.count(1)
+
+    async def start(self, path: str | Path) -> None:
+        """Warms the engine up if it is not yet, then listens on `path` (a socket file in a private directory)."""
+        if not self.engine.ready:
+            await self.engine.warmup()
+        self._server = await asyncio.start_unix_server(self._serve, str(path))
+        os.chmod(path, 0o600)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def status(self) -> dict[str, Any]:
+        """What media processes show: the engine's description and memory, and this process's CPU and loop."""
+        engine = self.engine
+        times = os.times()
+        return {"describe": engine.describe(), "ready": engine.ready, "memory": engine.memory(),
+                "process": {"role": "engine", "pid": os.getpid(), "cpu_s": round(times.user + times.system, 3),
+                            "loop_lag_ms_max": round(self.loop_lag.max_ms, 1)}}
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(self, writer)
+        try:
+            hello = await wire.read(reader)
+            if not isinstance(hello, wire.Hello) or hello.version != wire.VERSION:
+                log.error("a media process spoke another protocol (%r); refused", hello)
+                return
+            writer.write(wire.encode(wire.Welcome(wire.VERSION)))
+            log.info("media process %s connected", hello.name)
+            while (record := await wire.read(reader)) is not None:
+                connection.handle(record)
+            log.info("media process %s disconnected", hello.name)
+        except Exception:
+            log.exception("the connection of a media process failed")
+        finally:
+            await connection.close()
+            writer.close()
+
+
+class _Connection:
+    """One media process: its sessions, and its requests in flight."""
+
+    def __init__(self, host: EngineHost, writer: asyncio.StreamWriter) -> None:
+        self.host = host
+        self.writer = writer
+        self.sessions: dict[int, Session] = {}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+
+    def send(self, record: Any) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(wire.encode(record))
+
+    def handle(self, record: Any) -> None:
+        if isinstance(record, wire.Request):
+            task = asyncio.ensure_future(self._run(record))
+            self.tasks[record.id] = task
+            task.add_done_callback(lambda _: self.tasks.pop(record.id, None))
+        elif isinstance(record, wire.Notice) and record.method in NOTICES:
+            session = self.sessions.get(record.session)
+            if session is None:
+                return
+            if record.method == "update":
+                session.update(**record.kwargs)  # checked by the media process already
+            else:  # a session its media process dropped without closing it
+                self.sessions.pop(record.session, None)
+                asyncio.ensure_future(session.close())
+        elif isinstance(record, wire.Stop):
+            task = self.tasks.get(record.id)
+            if task is not None:
+                task.cancel()
+        else:
+            raise wire.WireError(f"unexpected record {type(record).__name__}")
+
+    async def _run(self, request: wire.Request) -> None:
+        try:
+            value = await self._call(request)
+        except asyncio.CancelledError:  # a stream its reader stopped: closed like an abandoned generator
+            self.send(wire.Result(request.id))
+            return
+        except Exception as exc:
+            self.send(wire.Result(request.id, error=wire.portable(exc)))
+            return
+        self.send(wire.Result(request.id, value))
+
+    async def _call(self, request: wire.Request) -> Any:
+        method = request.method
+        if method == "status":
+            return self.host.status()
+        if method == "new_session":
+            session = self.host.engine.new_session(*request.args)
+            number = next(self.host._ids)
+            self.sessions[number] = session
+            return number
+        session = self.sessions.get(request.session)  # type: ignore[arg-type]
+        if session is None:
+            raise RuntimeError("this session is closed")
+        if method == "respond":
+            events = session.respond()
+            try:
+                async for event in events:
+                    self.send(wire.Streamed(request.id, event))
+            finally:
+                await events.aclose()
+            return None
+        if method not in SESSION_METHODS:
+            raise ValueError(f"no engine method {method!r}")
+        if method == "close":
+            self.sessions.pop(request.session, None)  # type: ignore[arg-type]
+        return await getattr(session, method)(*request.args, **request.kwargs)
+
+    async def close(self) -> None:
+        """The media process is gone: its requests stop and its sessions close (their slots go back)."""
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for session in sessions:
+            try:
+                await session.close()
+            except Exception:
+                log.exception("closing a session of a departed media process failed")
+
+
+async def serve_engine(engine: Engine, path: str | Path, started: float | None = None) -> None:
+    """Warms `engine` up, then serves it on `path` until cancelled (the engine process's main)."""
+    host = EngineHost(engine)
+    lag = asyncio.create_task(host.loop_lag.watch(), name="loop-lag")
+    try:
+        await host.start(path)
+        log.info("engine serving on %s%s", path,
+                 f" ({time.monotonic() - started:.1f} s after start)" if started is not None else "")
+        await asyncio.Event().wait()
+    finally:
+        lag.cancel()
+        await host.close()
