@@ -117,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rtc-agent serve: {exc}", file=sys.stderr)
             return 2
         _logging(settings.log_level)
+        from .server.processes import media_process_count, serve_split
+
+        count = media_process_count(settings)
+        if count:
+            return asyncio.run(serve_split(settings, count))
         from .server.app import serve
 
         return asyncio.run(serve(settings))

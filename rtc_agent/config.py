@@ -69,6 +69,7 @@ class Settings:
     max_body_bytes: int = 256 * 1024
     request_timeout_s: float = 15.0  # a request's headers, and its body, must arrive within this; idle keep-alive
     max_connections: int = 512  # open HTTP connections; more are closed as they are accepted
+    media_processes: int = -1  # processes for the calls' media beside the engine's; 0: one process; -1: auto
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
 
@@ -173,6 +174,8 @@ def validate(s: Settings) -> None:
         raise ValueError("idle_timeout_s and max_call_s must be 0 (off) or a number of seconds")
     if not 0.1 <= s.request_timeout_s <= 600:
         raise ValueError("request_timeout_s must be between 0.1 and 600")
+    if not -1 <= s.media_processes <= 64:
+        raise ValueError("media_processes must be -1 (auto), 0 (one process for everything) or up to 64")
     if s.max_connections < 8:
         raise ValueError("max_connections must be at least 8")
     if not 0 <= s.video_window_s <= 600:
@@ -267,6 +270,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-fraction", type=float,
                    help="cap this process at this fraction of the GPU's memory, set before the weights load "
                         f"(default {d.gpu_memory_fraction:g}: no cap)")
+    p.add_argument("--media-processes", type=int,
+                   help="processes that run the calls' media (WebRTC, Opus, VAD, turn-taking), beside one for the "
+                        "engine and the front on the port; 0: everything in one process; -1 (default): 0 on a CPU, "
+                        "else one per core left, at most 8 (README: Processes)")
     p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 

@@ -146,11 +146,12 @@ class RemoteEngine:
             reason = f"its connection failed: {exc!r}"
         self._lose(f"the engine process is gone ({reason})")
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, expected: bool = False) -> None:
         if self.lost is not None:
             return
         self.lost = reason
-        log.error("%s: calls in progress fail, new calls are refused", reason)
+        if not expected:
+            log.error("%s: calls in progress fail, new calls are refused", reason)
         error = EngineUnavailable(reason)
         for future in self._pending.values():
             if not future.done():
@@ -172,7 +173,7 @@ class RemoteEngine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._writer is not None:
             self._writer.close()
-        self._lose("the connection was closed")
+        self._lose("the connection was closed", expected=True)
 
 
 class RemoteSession:

@@ -38,13 +38,15 @@ QUIET_PATHS = ("/metrics", "/healthz", "/readyz", "/capacity")
 DRAIN_POLL_S = 0.5
 
 
-def create_app(settings: Settings, engine: Any = None, memory: Callable[[], Any] | None = None) -> web.Application:
-    """The server; it loads the engine in the background unless one is given (tests share a loaded one).
-    `memory`: reads the GPU's memory for the memory guard (default: the engine's `memory()`; a test may give a
-    reader that reports a chosen fill level)."""
+def create_app(settings: Settings, engine: Any = None, memory: Callable[[], Any] | None = None,
+               tag: str = "") -> web.Application:
+    """The server; it loads the engine in the background unless one is given (tests share a loaded one; a media
+    process gives its RemoteEngine). `memory`: reads the GPU's memory for the memory guard (default: the engine's
+    `memory()`; a test may give a reader that reports a chosen fill level). `tag`: a media process's mark on its
+    call ids and tokens (ServerState.tag)."""
     use_host_addresses(settings.ice_host_addresses)
     metrics = Metrics()
-    state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine)
+    state = ServerState(settings, metrics, Sessions(settings.max_sessions, metrics), engine, tag=tag)
     read = memory or (lambda: state.engine.memory() if state.engine is not None else None)
     state.guard = MemoryGuard(read, settings.memory_guard_pct, settings.video_window_s, metrics)
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_guard, realtime_middleware])
@@ -86,22 +88,15 @@ async def _load_engine(state: ServerState) -> None:
         await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)
         loading = state.engine is None
         if loading:
-            from ..engine import Engine, EngineOptions
-
-            log.info("loading model %s (device %s)...", s.model, s.device)
-            options = EngineOptions(model=s.model, device=s.device, quantize=s.quantize,
-                                    video_window_s=s.video_window_s, max_sessions=s.max_sessions,
-                                    text_only=s.no_talker, streaming=not s.no_audio_stream,
-                                    gpu_memory_fraction=s.gpu_memory_fraction)
-            state.engine = await asyncio.to_thread(Engine.load, options)
+            state.engine = await asyncio.to_thread(load_engine, s)
         slots = state.engine.describe()["max_sessions"]
         state.sessions.max_sessions = min(s.max_sessions, slots) if s.max_sessions else slots
         await asyncio.to_thread(state.vads.preload, state.sessions.max_sessions)
         if not state.engine.ready:
             log.info("warming up...")
             await state.engine.warmup()
-        if loading:
-            _freeze_startup_objects()
+        if loading or state.tag:  # (a media process: torch, silero and the end-of-turn model)
+            freeze_startup_objects()
         state.loaded = True
         state.metrics.ready.set(1)
         log.info("ready: %s", state.engine.describe())
@@ -113,7 +108,18 @@ async def _load_engine(state: ServerState) -> None:
         raise
 
 
-def _freeze_startup_objects() -> None:
+def load_engine(s: Settings) -> Any:
+    """The engine these settings ask for, loaded (blocking: seconds for `tiny`, minutes for a real checkpoint)."""
+    from ..engine import Engine, EngineOptions
+
+    log.info("loading model %s (device %s)...", s.model, s.device)
+    return Engine.load(EngineOptions(model=s.model, device=s.device, quantize=s.quantize,
+                                     video_window_s=s.video_window_s, max_sessions=s.max_sessions,
+                                     text_only=s.no_talker, streaming=not s.no_audio_stream,
+                                     gpu_memory_fraction=s.gpu_memory_fraction))
+
+
+def freeze_startup_objects() -> None:
     """Takes what start-up made (the model, torch, transformers: ~400 000 objects) out of the cyclic garbage
     collector's reach. A full collection over them holds the GIL for ~150 ms (tiny model, 2-core CPU) to ~225 ms
     (full size, the H200 machine), which stops every call's media and the engine's worker at once; they live as
@@ -149,8 +155,9 @@ async def readyz(request: web.Request) -> web.Response:
     if state.ready:
         return web.json_response({"status": "ready", "engine": state.engine.describe(),
                                   "sessions": len(state.sessions), "max_sessions": state.sessions.max_sessions})
-    if state.load_error:
-        return web.json_response({"status": "failed", "error": state.load_error}, status=503)
+    error = state.load_error or getattr(state.engine, "lost", None)  # (an engine process that died)
+    if error:
+        return web.json_response({"status": "failed", "error": error}, status=503)
     return web.json_response({"status": "loading"}, status=503)
 
 
@@ -233,22 +240,25 @@ def make_runner(app: web.Application, **kwargs: Any) -> Runner:
 SWITCH_INTERVAL_S = 0.0005
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, engine: Any = None, unix_path: str | None = None, tag: str = "") -> int:
     """Runs the server until SIGINT, or SIGTERM and the drain that follows it (0), or until the model fails to
-    load (1)."""
+    load (1). A media process (processes.py) gives the engine process's RemoteEngine, the Unix socket the front
+    reaches it on, and its mark (`tag`)."""
     rate_limit_logging()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    app = create_app(settings)
+    app = create_app(settings, engine=engine, tag=tag)
     runner = make_runner(app, access_log_class=AccessLogger, handle_signals=False)
     await runner.setup()
     try:
-        ssl_context = tls.server_context(settings)
-        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
-        await site.start()
-        host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
-        log.info("listening on %s://%s:%d/ (token %s, %s)", settings.scheme, host, settings.port,
-                 "required" if settings.token else "not required",
-                 f"up to {settings.max_sessions} calls" if settings.max_sessions else "as many calls as fit")
+        if unix_path is not None:
+            await web.UnixSite(runner, unix_path).start()
+        else:
+            ssl_context = tls.server_context(settings)
+            await web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context).start()
+            host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
+            log.info("listening on %s://%s:%d/ (token %s, %s)", settings.scheme, host, settings.port,
+                     "required" if settings.token else "not required",
+                     f"up to {settings.max_sessions} calls" if settings.max_sessions else "as many calls as fit")
         stop, drain = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, stop.set)

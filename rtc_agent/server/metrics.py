@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from ..loop_lag import GcPauses, LoopLag
 
@@ -15,6 +15,7 @@ LAG_BUCKETS_MS = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 5000)
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_cpu_seconds_total and memory: per process, behind the front
         self.first_packet_ms = Histogram(
             "audio_first_packet_latency_ms", "End of the caller's turn to the answer's first packet handed to RTP",
             buckets=LATENCY_BUCKETS_MS, registry=r)

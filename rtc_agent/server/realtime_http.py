@@ -47,9 +47,10 @@ class ClientSecret:
 class ClientSecrets:
     """Ephemeral keys in memory: usable, for any number of calls, until they expire."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, tag: str = "") -> None:
         self._secrets: dict[str, ClientSecret] = {}
         self._clock = clock
+        self.tag = tag  # the media process's mark: the front sends calls that use the key to the process that knows it
 
     def mint(self, ttl_s: int, session: SessionUpdate | None) -> tuple[str, ClientSecret]:
         now = self._clock()
@@ -57,7 +58,7 @@ class ClientSecrets:
         if len(self._secrets) >= MAX_SECRETS:
             raise RealtimeError("rate_limit_exceeded", f"{MAX_SECRETS} client secrets are live; wait for some to "
                                 "expire")
-        value = "ek_" + secrets.token_urlsafe(24)
+        value = f"ek_{self.tag}{secrets.token_urlsafe(24)}"
         secret = self._secrets[value] = ClientSecret(int(now) + ttl_s, session)
         return value, secret
 
@@ -73,7 +74,7 @@ SECRETS = web.AppKey("rtc_agent_client_secrets", ClientSecrets)
 
 
 def add_realtime_routes(app: web.Application) -> None:
-    app[SECRETS] = ClientSecrets()
+    app[SECRETS] = ClientSecrets(tag=app[STATE].tag)
     app.router.add_get(PREFIX, websocket)
     app.router.add_post(PREFIX + "/calls", create_call)
     app.router.add_post(PREFIX + "/calls/{call_id}/hangup", hang_up)
@@ -175,7 +176,7 @@ async def create_client_secret(request: web.Request) -> web.Response:
     update = parse_session(body["session"], state.settings.turn) if body.get("session") is not None else None
     value, secret = request.app[SECRETS].mint(ttl, update)
     s = state.settings
-    session = session_object("sess_" + secrets.token_urlsafe(9), state.engine.describe().get("model") if state.ready
+    session = session_object(f"sess_{state.tag}{secrets.token_urlsafe(9)}", state.engine.describe().get("model") if state.ready
                              else s.model, (update and update.voice) or s.voice,
                              update.instructions if update and update.instructions is not None else s.instructions,
                              (update and update.turn) or s.turn,
@@ -257,7 +258,8 @@ async def websocket(request: web.Request) -> web.StreamResponse:
         describe = state.engine.describe()
         socket = RealtimeSocket(ws, s, engine_session, vad, state.metrics, describe.get("model"), s.voice,
                                 s.instructions, on_closed=functools.partial(call_ended, state, vad),
-                                end_of_turn=end_of_turn, speech=bool(describe.get("speech", True)))
+                                end_of_turn=end_of_turn, speech=bool(describe.get("speech", True)),
+                                tag=state.tag)
         if update is not None:  # checked when the secret was minted
             socket.realtime.apply(update)
     finally:

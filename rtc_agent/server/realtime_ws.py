@@ -28,8 +28,8 @@ class RealtimeSocket:
     def __init__(self, ws: web.WebSocketResponse, settings: Settings, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, model: Any, voice: str, instructions: str,
                  on_closed: Callable[["RealtimeSocket"], None], end_of_turn: EndOfTurnScorer | None = None,
-                 speech: bool = True) -> None:
-        self.id = "sess_" + secrets.token_urlsafe(9)
+                 speech: bool = True, tag: str = "") -> None:
+        self.id = f"sess_{tag}{secrets.token_urlsafe(9)}"
         self.ws = ws
         self.started_at = time.monotonic()
         self.first_packet_ms: list[float] = []

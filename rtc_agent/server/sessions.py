@@ -83,10 +83,10 @@ class CallSession:
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
                  on_closed: Callable[["CallSession"], None], realtime: bool = False,
-                 end_of_turn: EndOfTurnScorer | None = None) -> None:
+                 end_of_turn: EndOfTurnScorer | None = None, tag: str = "") -> None:
         speech = bool(describe.get("speech", True))
-        self.id = "sess_" + secrets.token_urlsafe(9)
-        self.resume_token = secrets.token_urlsafe(24)
+        self.id = f"sess_{tag}{secrets.token_urlsafe(9)}"
+        self.resume_token = tag + secrets.token_urlsafe(24)
         self.settings = settings
         self.pc = pc
         self.metrics = metrics

@@ -56,6 +56,10 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
 def check_capacity(state: ServerState) -> None:
     """503 unless the model is ready, the server is not draining, GPU memory is below the guard and a call slot is
     free; reserves the slot (give it back with release())."""
+    lost = getattr(state.engine, "lost", None)
+    if lost:
+        state.metrics.rejected.labels("engine").inc()
+        raise ApiError(503, "engine_unavailable", lost, {"Retry-After": str(RETRY_AFTER_LOADING_S)})
     if not state.ready:
         state.metrics.rejected.labels("loading").inc()
         raise ApiError(503, "not_ready", "the model is still loading", {"Retry-After": str(RETRY_AFTER_LOADING_S)})
@@ -136,7 +140,7 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
-                       end_of_turn=end_of_turn)
+                       end_of_turn=end_of_turn, tag=state.tag)
     try:
         await _answer_offer(pc, offer.sdp, call.track, state.metrics)
     except BaseException:

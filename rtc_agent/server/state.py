@@ -24,6 +24,7 @@ class ServerState:
     vads: VadPool = field(default_factory=VadPool)  # silero models, reused from call to call
     loaded: bool = False  # the start-up loader is done (models, call capacity, warm-up)
     guard: MemoryGuard | None = None  # GPU memory: gauges, and no new calls above --memory-guard-pct
+    tag: str = ""  # a media process's mark on its call ids and tokens ("m2."), by which the front routes them
 
     @property
     def ready(self) -> bool:

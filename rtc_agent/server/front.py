@@ -1,0 +1,299 @@
+"""The front of the process split: the public HTTP port, in a process that runs no call.
+
+Every request goes on, unchanged, to a media process (processes.py) over its Unix socket; the call's media never
+pass through here. Which one: a request that names a call (its id in the path, a resume token in the offer, a
+client secret as its bearer) goes to the process whose mark ("m2.") the name carries; a new call goes to the
+ready process with the fewest calls; anything else to the next ready one. The front answers the probes itself
+from what the media processes and the engine report (/healthz, /readyz, /capacity) and merges every process's
+/metrics into one page, each series labelled with its `process`. A Realtime WebSocket is relayed frame by frame.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..config import Settings
+from ..engine.remote import RemoteEngine
+from .errors import ApiError
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5  # how often each media process's /readyz is read
+NEW_CALLS = {("POST", "/api/offer"), ("POST", "/v1/realtime/calls"), ("GET", "/v1/realtime")}
+MARK = re.compile(r"(?:sess_|ek_|Bearer ek_)?(m\d+)\.")
+CALL_PATH = re.compile(r"^/(?:api/sessions|v1/realtime/calls)/([^/]+)")
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "content-length", "te", "trailer",
+              "proxy-authorization", "proxy-authenticate", "content-encoding"}
+RETRY_AFTER_S = "5"
+
+
+@dataclass
+class MediaProcess:
+    """What the front knows of one media process: its socket and its latest /readyz."""
+
+    mark: str  # "m0"
+    socket: Path
+    ready: bool = False
+    calls: int = 0
+    dispatched: int = 0  # calls sent to it since its last /readyz (not yet in `calls`)
+    http: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    def client(self) -> aiohttp.ClientSession:
+        if self.http is None or self.http.closed:
+            self.http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(self.socket)),
+                                              auto_decompress=False)
+        return self.http
+
+
+class Front:
+    def __init__(self, settings: Settings, media: list[MediaProcess], engine: RemoteEngine,
+                 engine_pid: int | None) -> None:
+        self.settings = settings
+        self.media = media
+        self.engine = engine
+        self.metrics = Metrics()  # the front's own: its loop, GC, CPU, refused connections
+        self.draining = False
+        self._turn = itertools.cycle(range(len(media)))
+        self._engine_registry = CollectorRegistry()
+        if engine_pid is not None:
+            ProcessCollector(pid=lambda: engine_pid, registry=self._engine_registry)
+
+    # ---- choosing a media process -----------------------------------------------------------------------------
+    def owner(self, request: web.Request, body: bytes) -> MediaProcess | None:
+        """The process a request belongs to, when it names a call or a client secret of one."""
+        names = [request.headers.get("Authorization", "")]
+        if (match := CALL_PATH.match(request.path)) is not None:
+            names.append(match.group(1))
+        if request.path == "/api/offer" and body:
+            try:
+                names.append(str(json.loads(body).get("resume_token") or ""))
+            except (ValueError, AttributeError):
+                pass  # the media process says what is wrong with the body
+        for name in names:
+            if (mark := MARK.match(name)) is not None:
+                for process in self.media:
+                    if process.mark == mark.group(1):
+                        return process
+        return None
+
+    def least_loaded(self) -> MediaProcess:
+        ready = [p for p in self.media if p.ready]
+        if not ready:
+            raise ApiError(503, "not_ready", "no media process is ready", {"Retry-After": RETRY_AFTER_S})
+        process = min(ready, key=lambda p: p.calls + p.dispatched)
+        process.dispatched += 1
+        return process
+
+    def any_ready(self) -> MediaProcess:
+        for _ in self.media:
+            process = self.media[next(self._turn)]
+            if process.ready:
+                return process
+        return self.media[0]
+
+    def route(self, request: web.Request, body: bytes) -> MediaProcess:
+        process = self.owner(request, body)
+        if process is not None:
+            return process
+        if (request.method, request.path) in NEW_CALLS:
+            if self.engine.lost is not None:
+                raise ApiError(503, "engine_unavailable", self.engine.lost, {"Retry-After": RETRY_AFTER_S})
+            if self.draining:
+                raise ApiError(503, "draining", "this server is shutting down and takes no new calls",
+                               {"Retry-After": RETRY_AFTER_S})
+            return self.least_loaded()
+        return self.any_ready()
+
+    # ---- the media processes' state ------------------------------------------------------------------------
+    async def watch(self) -> None:
+        while True:
+            await asyncio.gather(*(self._poll(p) for p in self.media))
+            await asyncio.sleep(POLL_S)
+
+    async def _poll(self, process: MediaProcess) -> None:
+        try:
+            async with process.client().get("http://media/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                body = await r.json()
+            process.ready = r.status == 200
+            process.calls = int(body.get("sessions", 0))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            process.ready, process.calls = False, 0
+        process.dispatched = 0
+
+    def forget(self, process: MediaProcess) -> None:
+        """A media process died: nothing goes to it until it is back and ready."""
+        process.ready, process.calls, process.dispatched = False, 0, 0
+
+    # ---- handlers ---------------------------------------------------------------------------------------------
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if request.headers.get("Upgrade", "").lower() == "websocket":
+                return await self._relay_websocket(request, self.route(request, b""))
+            body = await asyncio.wait_for(request.read(), self.settings.request_timeout_s)
+            process = self.route(request, body)
+        except ApiError as exc:
+            return exc.response()
+        except asyncio.TimeoutError:
+            return ApiError(408, "request_timeout", "the body did not arrive in time").response()
+        try:
+            async with process.client().request(request.method, f"http://media{request.path_qs}",
+                                                headers=_forwarded(request.headers), data=body,
+                                                allow_redirects=False) as r:
+                payload = await r.read()
+                headers = CIMultiDict((k, v) for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP)
+                return web.Response(status=r.status, body=payload, headers=headers)
+        except aiohttp.ClientError as exc:
+            log.warning("media process %s did not answer %s %s: %r", process.mark, request.method, request.path, exc)
+            self.forget(process)
+            return ApiError(502, "media_process_unavailable", "the process that holds this call is not "
+                            "answering; start a new call", {"Retry-After": RETRY_AFTER_S}).response()
+
+    async def _relay_websocket(self, request: web.Request, process: MediaProcess) -> web.StreamResponse:
+        """A Realtime WebSocket: the client's frames to the media process and back, until either side closes.
+        If the media process dies, the client gets an `error` event, then the close."""
+        try:
+            upstream = await process.client().ws_connect(
+                f"http://media{request.path_qs}", headers=_forwarded(request.headers, websocket=True),
+                protocols=("realtime",), max_msg_size=0, autoping=True)
+        except aiohttp.WSServerHandshakeError as exc:
+            return ApiError(exc.status, "refused", f"the call was refused ({exc.status} {exc.message})").response()
+        except aiohttp.ClientError:
+            self.forget(process)
+            return ApiError(503, "media_process_unavailable", "no media process took the call",
+                            {"Retry-After": RETRY_AFTER_S}).response()
+        client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=0)
+        await client.prepare(request)
+
+        async def to_media() -> None:
+            async for msg in client:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    await upstream.send_str(msg.data)
+                elif msg.type == aiohttp.WSMsgType.BINARY:
+                    await upstream.send_bytes(msg.data)
+
+        async def to_client() -> None:
+            async for msg in upstream:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    await client.send_str(msg.data)
+                elif msg.type == aiohttp.WSMsgType.BINARY:
+                    await client.send_bytes(msg.data)
+            if not client.closed and upstream.close_code not in (1000, 1001):  # not a clean close: it died
+                await client.send_json({"type": "error", "error": {
+                    "type": "server_error", "code": "session_failed",
+                    "message": "the process that held this session failed; open a new one"}})
+
+        tasks = [asyncio.create_task(to_media()), asyncio.create_task(to_client())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await upstream.close()
+            await client.close()
+        return client
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    def _counts(self) -> dict[str, int]:
+        describe = self.engine.describe()
+        return {"active": sum(p.calls for p in self.media), "free": int(describe.get("free_sessions", 0)),
+                "max_sessions": int(describe.get("max_sessions", 0)),
+                "media_processes_ready": sum(p.ready for p in self.media)}
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.engine.lost is not None:
+            return web.json_response({"status": "failed", "error": self.engine.lost}, status=503)
+        if self.engine.ready and any(p.ready for p in self.media):
+            return web.json_response({"status": "ready", "engine": self.engine.describe(), **self._counts()})
+        return web.json_response({"status": "loading", **self._counts()}, status=503)
+
+    async def capacity(self, request: web.Request) -> web.Response:
+        """As one process's /capacity: 200 available, 404 full or draining, 503 not loaded (or the engine gone)."""
+        counts = self._counts()
+        if self.engine.lost is not None or not self.engine.ready or not counts["media_processes_ready"]:
+            status = "failed" if self.engine.lost else "loading"
+            return web.json_response({"status": status, **counts}, status=503)
+        if self.draining:
+            return web.json_response({"status": "draining", **counts}, status=404)
+        if counts["free"] <= 0:
+            return web.json_response({"status": "full", "reason": "slots", **counts}, status=404)
+        return web.json_response({"status": "available", **counts})
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        """Every process's metrics on one page: the front's, the engine's (process CPU and memory), each media
+        process's, their series labelled `process`."""
+        pages = [("front", generate_latest(self.metrics.registry).decode()),
+                 ("engine", generate_latest(self._engine_registry).decode() + _engine_loop(self.engine))]
+        for process, text in zip(self.media, await asyncio.gather(*(self._scrape(p) for p in self.media))):
+            pages.append((process.mark, text))
+        return web.Response(text=merge_metrics(pages), content_type="text/plain",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    async def _scrape(self, process: MediaProcess) -> str:
+        if not process.ready:
+            return ""
+        try:
+            async with process.client().get("http://media/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                return await r.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return ""
+
+    async def close(self) -> None:
+        for process in self.media:
+            if process.http is not None:
+                await process.http.close()
+
+
+def _engine_loop(engine: RemoteEngine) -> str:
+    lag = engine.process().get("loop_lag_ms_max")
+    if lag is None:
+        return ""
+    return ("# HELP rtc_agent_event_loop_lag_ms_max The most a 50 ms sleep of the process's event loop woke up late\n"
+            f"# TYPE rtc_agent_event_loop_lag_ms_max gauge\nrtc_agent_event_loop_lag_ms_max {lag}\n")
+
+
+def _forwarded(headers: Any, websocket: bool = False) -> CIMultiDict[str]:
+    skip = HOP_BY_HOP | ({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+                          "sec-websocket-protocol"} if websocket else set())
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skip)
+
+
+def merge_metrics(pages: list[tuple[str, str]]) -> str:
+    """Prometheus text pages of several processes as one: each series gets a `process` label."""
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for process, text in pages:
+        for family in text_string_to_metric_families(text):
+            name = family.name + ("_total" if family.type == "counter" else "")
+            _, _, lines = families.setdefault(name, (family.type, family.documentation, []))
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                labels = {**sample.labels, "process": process}
+                text_labels = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+                lines.append(f"{sample.name}{{{text_labels}}} {_number(sample.value)}")
+    out = []
+    for name, (kind, doc, lines) in families.items():
+        out += [f"# HELP {name} {_escape(doc)}", f"# TYPE {name} {kind}", *lines]
+    return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return repr(float(value)) if value == value else "NaN"

@@ -1,0 +1,236 @@
+"""`rtc-agent serve` as processes by role, the way large serving stacks split an API front from an engine core:
+
+- the engine process: the model, its slots, the scheduler and the CUDA worker, serving sessions on a Unix socket
+  (engine/host.py) and doing nothing else;
+- media processes: the calls (aiortc peers, Opus in and out, resampling, VAD, end-of-turn scoring, the
+  conversation, the data channel), each an ordinary server (app.py) whose engine is the engine process
+  (engine/remote.py), several calls each;
+- the front (front.py): the public port, routing each request to the media process that holds its call.
+
+One Python process cannot feed a GPU: every call's per-packet work and the engine's kernel launches share one GIL
+(H200, 16 callers: the event loop 34 ms late on average). Here each has its own. A media process that dies takes
+only its calls with it: the engine closes their sessions (their slots come back) and a new media process takes
+its place. If the engine process dies, the front stays up and answers 503, and /readyz says why.
+
+The sockets live in a private directory (0700) made at start-up and removed at the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ..config import Settings
+from . import tls
+from .front import Front, MediaProcess
+from .limits import Runner, rate_limit_logging
+
+log = logging.getLogger("rtc_agent.server")
+WATCH_S = 0.5
+STOP_S = 10.0  # how long a process may take to end after it is told to, before it is killed
+ENGINE_WAIT_S = 24 * 3600.0  # a real checkpoint may load for many minutes; a process that dies ends the wait
+
+
+def media_process_count(settings: Settings) -> int:
+    """--media-processes, or for -1 (auto): none on a CPU (one process, the simplest for the tiny model), else one
+    per core left after the engine's two and the front's, at most 8."""
+    if settings.media_processes >= 0:
+        return settings.media_processes
+    device = settings.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return 0
+    return max(1, min(8, (os.cpu_count() or 4) - 3))
+
+
+# ---- the processes' mains (run in spawned processes: their arguments are pickled) ------------------------------
+def _logging(settings: Settings, role: str) -> None:
+    import logging as logging_
+
+    logging_.basicConfig(level=settings.log_level.upper(),
+                         format=f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("aioice", "aiortc", "aiohttp.access"):
+        logging_.getLogger(noisy).setLevel(logging_.WARNING)
+
+
+async def _orphaned() -> None:
+    """Returns when the front that started this process is gone (killed without a word): then this one ends too."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+
+
+def engine_main(settings: Settings, socket: str) -> None:
+    _logging(settings, "engine")
+
+    async def main() -> None:
+        from ..engine.host import serve_engine
+        from .app import freeze_startup_objects, load_engine
+
+        started = time.monotonic()
+        engine = await asyncio.to_thread(load_engine, settings)
+        freeze_startup_objects()
+        serving = asyncio.create_task(serve_engine(engine, socket, started))
+        await asyncio.wait([serving, asyncio.create_task(_orphaned())], return_when=asyncio.FIRST_COMPLETED)
+        serving.cancel()
+        engine.close()
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front ends it (SIGTERM) once the media processes are done
+    asyncio.run(main())
+
+
+def media_main(settings: Settings, mark: str, socket: str, engine_socket: str) -> None:
+    _logging(settings, mark)
+
+    async def main() -> int:
+        from ..engine.remote import RemoteEngine
+        from .app import serve
+
+        engine = await RemoteEngine(engine_socket, mark).connect(ENGINE_WAIT_S)
+        serving = asyncio.create_task(serve(settings, engine=engine, unix_path=socket, tag=mark + "."))
+        orphaned = asyncio.create_task(_orphaned())
+        await asyncio.wait([serving, orphaned], return_when=asyncio.FIRST_COMPLETED)
+        orphaned.cancel()
+        code = serving.result() if serving.done() else 1
+        serving.cancel()
+        await engine.close()
+        return code
+
+    raise SystemExit(asyncio.run(main()))
+
+
+# ---- the front: starts and watches the others ------------------------------------------------------------------
+class Supervisor:
+    def __init__(self, settings: Settings, count: int) -> None:
+        self.settings = settings
+        self.runtime = Path(tempfile.mkdtemp(prefix="rtc-agent-"))
+        self.engine_socket = str(self.runtime / "engine.sock")
+        self._spawn = multiprocessing.get_context("spawn")
+        self.engine = self._start(engine_main, "engine", self.engine_socket)
+        self.media = [MediaProcess(f"m{i}", self.runtime / f"media-{i}.sock") for i in range(count)]
+        self.processes: dict[str, BaseProcess] = {m.mark: self._start_media(m) for m in self.media}
+        self.stopping = False
+
+    def _start(self, target: Any, name: str, *args: Any) -> BaseProcess:
+        process = self._spawn.Process(target=target, args=(self.settings, *args), name=f"rtc-agent-{name}")
+        process.start()
+        log.info("%s process started (pid %d)", name, process.pid)
+        return process
+
+    def _start_media(self, media: MediaProcess) -> BaseProcess:
+        return self._start(media_main, media.mark, media.mark, str(media.socket), self.engine_socket)
+
+    async def watch(self, front: Front) -> str:
+        """Restarts media processes that die; returns why the server must stop (the engine failed to load)."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            if not self.engine.is_alive() and not front.engine.ready and front.engine.lost is None:
+                return f"the engine process exited ({self.engine.exitcode}) before it was ready"
+            for media in self.media:
+                process = self.processes[media.mark]
+                if not process.is_alive() and not self.stopping and not front.draining:
+                    log.error("media process %s (pid %s) exited (%s): its calls ended; starting another",
+                              media.mark, process.pid, process.exitcode)
+                    front.forget(media)
+                    self.processes[media.mark] = self._start_media(media)
+
+    async def drain(self, timeout_s: float) -> None:
+        """SIGTERM to every media process (each drains its calls) and wait for them all to end."""
+        for process in self.processes.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s + STOP_S
+        while any(p.is_alive() for p in self.processes.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(WATCH_S)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for process in self.processes.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)
+        await self._join(list(self.processes.values()))
+        if self.engine.is_alive():
+            self.engine.terminate()
+        await self._join([self.engine])
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+    @staticmethod
+    async def _join(processes: list[BaseProcess]) -> None:
+        deadline = time.monotonic() + STOP_S
+        while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        for process in processes:
+            if process.is_alive():
+                log.warning("%s did not end in %g s: killed", process.name, STOP_S)
+                process.kill()
+            process.join()
+
+
+async def serve_split(settings: Settings, count: int) -> int:
+    """Runs the front until SIGINT (0), or SIGTERM and the drain of every media process (0), or until the engine
+    fails to load (1)."""
+    from ..engine.remote import RemoteEngine
+    from .app import AccessLogger
+
+    rate_limit_logging()
+    supervisor = Supervisor(settings, count)
+    engine = RemoteEngine(supervisor.engine_socket, "front")
+    front = Front(settings, supervisor.media, engine, supervisor.engine.pid)
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app.router.add_get("/healthz", front.healthz)
+    app.router.add_get("/readyz", front.readyz)
+    app.router.add_get("/capacity", front.capacity)
+    app.router.add_get("/metrics", front.metrics_page)
+    app.router.add_route("*", "/{path:.*}", front.proxy)
+    runner = Runner(app, request_timeout_s=settings.request_timeout_s, max_connections=settings.max_connections,
+                    on_refused=front.metrics.connections_refused.inc, access_log_class=AccessLogger,
+                    handle_signals=False)
+    await runner.setup()
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        await web.TCPSite(runner, settings.host, settings.port, ssl_context=tls.server_context(settings)).start()
+        log.info("listening on %s://%s:%d/ with %d media processes", settings.scheme, settings.host, settings.port,
+                 count)
+        stop, drain = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, drain.set)
+        watching = asyncio.create_task(supervisor.watch(front), name="supervisor")
+        tasks = [watching, asyncio.create_task(front.watch(), name="media-status"),
+                 asyncio.create_task(engine.connect(ENGINE_WAIT_S), name="engine-connect"),
+                 asyncio.create_task(front.metrics.loop_lag.watch(), name="loop-lag")]
+        stopping, draining = asyncio.create_task(stop.wait()), asyncio.create_task(drain.wait())
+        tasks += [stopping, draining]
+        await asyncio.wait([stopping, draining, watching], return_when=asyncio.FIRST_COMPLETED)
+        if watching.done():
+            log.error("%s", watching.result())
+            return 1
+        if drain.is_set() and not stop.is_set():
+            front.draining = True
+            log.info("draining: no new calls; waiting for the media processes' calls to end")
+            await asyncio.wait([stopping, asyncio.create_task(supervisor.drain(settings.drain_timeout_s))],
+                               return_when=asyncio.FIRST_COMPLETED)
+        log.info("shutting down")
+        return 0
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await supervisor.stop()
+        await engine.close()
+        await front.close()
+        await runner.cleanup()
+
