@@ -45,6 +45,7 @@ class MediaProcess:
 
     mark: str  # "m0"
     socket: Path
+    pid: int | None = None
     ready: bool = False
     calls: int = 0
     dispatched: int = 0  # calls sent to it since its last /readyz (not yet in `calls`)
@@ -64,6 +65,7 @@ class Front:
         self.media = media
         self.engine = engine
         self.metrics = Metrics()  # the front's own: its loop, GC, CPU, refused connections
+        self.engine_pid = engine_pid
         self.draining = False
         self._turn = itertools.cycle(range(len(media)))
         self._engine_registry = CollectorRegistry()
@@ -214,12 +216,18 @@ class Front:
                 "max_sessions": int(describe.get("max_sessions", 0)),
                 "media_processes_ready": sum(p.ready for p in self.media)}
 
+    def _processes(self) -> dict[str, Any]:
+        return {"engine_pid": self.engine_pid, "media_processes": [
+            {"mark": p.mark, "pid": p.pid, "ready": p.ready, "calls": p.calls} for p in self.media]}
+
     async def readyz(self, request: web.Request) -> web.Response:
         if self.engine.lost is not None:
-            return web.json_response({"status": "failed", "error": self.engine.lost}, status=503)
+            return web.json_response({"status": "failed", "error": self.engine.lost, **self._processes()},
+                                     status=503)
         if self.engine.ready and any(p.ready for p in self.media):
-            return web.json_response({"status": "ready", "engine": self.engine.describe(), **self._counts()})
-        return web.json_response({"status": "loading", **self._counts()}, status=503)
+            return web.json_response({"status": "ready", "engine": self.engine.describe(), **self._counts(),
+                                      **self._processes()})
+        return web.json_response({"status": "loading", **self._counts(), **self._processes()}, status=503)
 
     async def capacity(self, request: web.Request) -> web.Response:
         """As one process's /capacity: 200 available, 404 full or draining, 503 not loaded (or the engine gone)."""

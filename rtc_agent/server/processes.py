@@ -94,6 +94,11 @@ def engine_main(settings: Settings, socket: str) -> None:
 
 def media_main(settings: Settings, mark: str, socket: str, engine_socket: str) -> None:
     _logging(settings, mark)
+    import torch
+
+    # silero-vad's products are tiny: more intra-op threads only spin, taking the cores the engine and the other
+    # media processes need (2-core CPU, 2 calls: first packet 1.0-1.4 s with torch's default, against ...)
+    torch.set_num_threads(1)
 
     async def main() -> int:
         from ..engine.remote import RemoteEngine
@@ -131,7 +136,9 @@ class Supervisor:
         return process
 
     def _start_media(self, media: MediaProcess) -> BaseProcess:
-        return self._start(media_main, media.mark, media.mark, str(media.socket), self.engine_socket)
+        process = self._start(media_main, media.mark, media.mark, str(media.socket), self.engine_socket)
+        media.pid = process.pid
+        return process
 
     async def watch(self, front: Front) -> str:
         """Restarts media processes that die; returns why the server must stop (the engine failed to load)."""

@@ -1,0 +1,132 @@
+"""`rtc-agent serve` as processes by role (server/processes.py: an engine process, two media processes and the
+front), a real process tree in a private network namespace, with real aiortc callers and the official `openai`
+client: calls through the front land on different media processes; SIGKILL to one media process ends only its own
+calls (the other caller's answer goes on, on time), the engine takes their slots back and a new media process
+takes its place; a Realtime WebSocket whose process dies gets an `error`; the engine process dying is a 503 for
+everyone and /readyz says why, while the front stays up."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from netns_support import needs_namespaces, private_network, start, stop
+from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
+from rtc_support import audio_offer, caller, metrics_text, needs_espeak, run, say
+from test_realtime_openai import Recorder, clients, speak
+
+PORT = 8080
+URL = f"http://127.0.0.1:{PORT}"
+pytestmark = [needs_espeak, needs_namespaces, pytest.mark.timeout(300)]
+
+
+def serve(tmp_path: Path) -> Any:
+    return start([sys.executable, "-m", "rtc_agent.cli", "serve", "--port", str(PORT), "--media-processes", "2",
+                  "--max-sessions", "4", "--max-answer-s", "4", "--device", "cpu", "--ice-host-address",
+                  "127.0.0.1", "--turn-detection", "server_vad"], tmp_path / "serve.log")
+
+
+async def get(path: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(URL + path) as r:
+            return r.status, await r.json()
+
+
+async def until_ready(proc: Any, log: Path, media: int = 2, free: int | None = None, timeout_s: float = 150) -> dict:
+    """/readyz once it is 200 with `media` media processes ready (and `free` engine slots, if given)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status, body = await get("/readyz")
+        except aiohttp.ClientError:
+            status, body = 0, {}
+        if status == 200 and body["media_processes_ready"] == media and free in (None, body["free"]):
+            return body
+        assert proc.poll() is None and time.monotonic() < deadline, (status, body, log.read_text()[-3000:])
+        await asyncio.sleep(0.3)
+
+
+def pid_of(readyz: dict, session_id: str) -> int:
+    mark = session_id.removeprefix("sess_").split(".")[0]
+    [pid] = [p["pid"] for p in readyz["media_processes"] if p["mark"] == mark]
+    return pid
+
+
+def test_a_killed_media_process_ends_only_its_calls_and_is_replaced(tmp_path: Path) -> None:
+    async def main() -> None:
+        private_network()
+        proc = serve(tmp_path)
+        try:
+            await until_ready(proc, tmp_path / "serve.log")
+            async with caller(URL) as (gone, gone_mic), caller(URL) as (kept, kept_mic):
+                marks = {c.session_id.split(".")[0] for c in (gone, kept)}
+                assert marks == {"sess_m0", "sess_m1"}, marks  # the second call went to the idle process
+                await asyncio.gather(say(gone, gone_mic), say(kept, kept_mic))
+                await asyncio.gather(*(c.next_event("response.output_audio_transcript.delta", timeout_s=30)
+                                       for c in (gone, kept)))
+                os.kill(pid_of((await get("/readyz"))[1], gone.session_id), signal.SIGKILL)
+
+                done = (await kept.next_event("response.done", timeout_s=30))["response"]
+                assert done["status"] == "completed", done
+                assert done["metrics"]["frames_late"] == 0 and done["metrics"]["frames_sent"] > 10
+                assert gone.events_of("response.done") == []
+                # the engine took the dead process's slot back; a new media process took its place
+                body = await until_ready(proc, tmp_path / "serve.log", free=3)
+                assert {p["ready"] for p in body["media_processes"]} == {True}
+
+                async with caller(URL) as (new, new_mic):
+                    await say(new, new_mic)
+                    again = (await new.next_event("response.done", timeout_s=30))["response"]
+                    assert again["status"] == "completed"
+            text = await metrics_text(URL)
+            for process in ("front", "engine", "m0", "m1"):  # one scrape shows every process
+                assert f'process_cpu_seconds_total{{process="{process}"}}' in text, process
+            assert 'rtc_agent_sessions_total{process="m' in text
+        finally:
+            stop(proc, signal.SIGINT)
+        log = (tmp_path / "serve.log").read_text()
+        assert "exited (-9): its calls ended; starting another" in log
+        assert proc.returncode == 0, log[-3000:]
+
+    run(main(), timeout_s=280)
+
+
+def test_a_websocket_gets_an_error_when_its_process_dies_and_the_engine_dying_is_a_503(tmp_path: Path) -> None:
+    async def main() -> None:
+        private_network()
+        proc = serve(tmp_path)
+        try:
+            await until_ready(proc, tmp_path / "serve.log")
+            async with clients(URL, "any-key").realtime.connect(model="tiny") as conn:
+                rec = Recorder(conn)
+                created = await rec.until("session.created")
+                await speak(conn, "What is the weather like in Paris today?")
+                done = await rec.until("response.done")
+                assert done.response.status == "completed"
+                os.kill(pid_of((await get("/readyz"))[1], created.session.id), signal.SIGKILL)
+                error = await rec.until("error", timeout_s=20)
+                assert error.error.code == "session_failed"
+
+            body = await until_ready(proc, tmp_path / "serve.log")
+            os.kill(body["engine_pid"], signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while (status := await get("/readyz"))[0] == 200:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+            assert status[0] == 503 and status[1]["status"] == "failed" and "engine" in status[1]["error"]
+            async with aiohttp.ClientSession() as http:
+                async with http.post(URL + "/api/offer", json={"sdp": await audio_offer(), "type": "offer"}) as r:
+                    assert r.status == 503 and (await r.json())["error"]["code"] == "engine_unavailable"
+            assert (await get("/healthz"))[0] == 200 and proc.poll() is None
+        finally:
+            stop(proc, signal.SIGINT)
+        assert proc.returncode == 0, (tmp_path / "serve.log").read_text()[-3000:]
+
+    run(main(), timeout_s=280)
