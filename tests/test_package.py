@@ -153,9 +153,11 @@ def test_without_the_model_the_defaults_run_server_vad_and_semantic_vad_by_name_
         assert (created["turn_detection"]["type"], created["turn_detection_note"]) == ("server_vad", note)
         assert log.read_text().count(note) == 1  # said once in the log
 
-        refused = start(rtc_agent(venv, "--turn-detection", "semantic_vad"), tmp_path / "refused.log", env=CLEAN,
-                        cwd=tmp_path)
-        returncode = await asyncio.to_thread(refused.wait, 90)
-        assert returncode != 0 and INSTALL_HINT in (tmp_path / "refused.log").read_text()
+        # asked for by name, on the command line or in the environment
+        by_name = ((["--turn-detection", "semantic_vad"], {}), ([], {"RTC_AGENT_TURN_DETECTION": "semantic_vad"}))
+        for args, env in by_name:
+            refused = start(rtc_agent(venv, *args), tmp_path / "refused.log", env={**CLEAN, **env}, cwd=tmp_path)
+            returncode = await asyncio.to_thread(refused.wait, 90)
+            assert returncode != 0 and INSTALL_HINT in (tmp_path / "refused.log").read_text()
 
     run(main(), timeout_s=200)
