@@ -29,6 +29,7 @@ class TurnSettings:
     barge_in_ms: int = 256  # caller speech this long during an answer interrupts it
     auto: bool = True  # False: push-to-talk, only input_audio_buffer.commit ends a turn
     turn_detection: str = "semantic_vad"  # server_vad: silence_ms ends a turn; semantic_vad: the end-of-turn model
+    # (build_settings: server_vad when none is asked for and the model is not installed)
     eagerness: str = "auto"  # semantic_vad: low | medium | high | auto (README: Turn-taking)
 
 
@@ -72,6 +73,10 @@ class Settings:
     media_processes: int = -1  # processes for the calls' media beside the engine's; 0: one process; -1: auto
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
+    # not a setting: build_settings says here why turn.turn_detection is server_vad when none was asked for (the
+    # end-of-turn model of the default, semantic_vad, is not installed); the log, /api/config and session.created
+    # repeat it
+    turn_detection_note: str | None = None
 
     @property
     def scheme(self) -> str:
@@ -79,7 +84,7 @@ class Settings:
 
 
 _TURN_FIELDS = {f.name: f for f in dataclasses.fields(TurnSettings)}
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "turn"}
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("turn", "turn_detection_note")}
 
 
 def _convert(value: Any, default: Any, name: str) -> Any:
@@ -137,7 +142,21 @@ def build_settings(
     turn = {k: _convert(v, _TURN_FIELDS[k].default, k) for k, v in values.items() if k in _TURN_FIELDS}
     settings = Settings(**top, turn=TurnSettings(**turn))
     validate(settings)
-    return settings
+    return settings if "turn_detection" in turn else _installed_turn_detection(settings)
+
+
+def _installed_turn_detection(settings: Settings) -> Settings:
+    """The default turn detection, semantic_vad, where its end-of-turn model is installed; else server_vad, with
+    a note saying why. (semantic_vad asked for by name is kept: the server then refuses to start, with the
+    install hint.)"""
+    from .media.end_of_turn import INSTALL_HINT, model_installed
+
+    if model_installed():
+        return settings
+    note = (f"turn detection: server_vad, not the default semantic_vad, because the end-of-turn model is not "
+            f"installed; {INSTALL_HINT}")
+    return dataclasses.replace(settings, turn=dataclasses.replace(settings.turn, turn_detection="server_vad"),
+                               turn_detection_note=note)
 
 
 QUANTIZE_CHOICES = ("none", "int4", "auto")
@@ -245,7 +264,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vad-threshold", type=float, help=f"speech probability threshold (default {t.vad_threshold})")
     p.add_argument("--turn-detection", choices=TURN_DETECTIONS,
                    help=f"server_vad: a fixed silence ends a turn; semantic_vad: the end-of-turn model decides "
-                        f"(default {t.turn_detection})")
+                        f"(default {t.turn_detection}; server_vad where that model is not installed)")
     p.add_argument("--eagerness", choices=EAGERNESS_LEVELS,
                    help=f"semantic_vad: how soon a turn may end (default {t.eagerness})")
     p.add_argument("--silence-ms", type=int, help=f"server_vad: silence that ends a turn (default {t.silence_ms})")

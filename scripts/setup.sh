@@ -23,10 +23,8 @@ python=${PYTHON:-python3}
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # The CPU build of torch lies on this machine's disk; installing it first keeps pip from fetching a CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==${TORCH_VERSION:-2.13.0}"
+# The dependencies include pipecat-ai, whose wheel carries the Smart Turn end-of-turn model (README: Turn-taking)
 "${pip[@]}" -e ".[test]"
-# The Smart Turn v3.2 end-of-turn model (semantic_vad) is a file inside the pipecat-ai wheel; only the file is used,
-# loaded by path with onnxruntime, so the wheel comes without its ~25 dependencies (README: Turn-taking).
-.venv/bin/python -m pip show -q pipecat-ai >/dev/null 2>&1 || "${pip[@]}" --no-deps "pipecat-ai==1.14.0"
 # The official Realtime agents SDK (npm), for tests/browser/test_realtime_sdk.py: installed as a user would,
 # from the committed package-lock.json.
 sdk=tests/browser/realtime_sdk

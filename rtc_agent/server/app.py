@@ -84,7 +84,9 @@ async def _load_engine(state: ServerState) -> None:
     s = state.settings
     try:
         # The end-of-turn model (semantic_vad): loaded here so that no call waits for it; required when it is
-        # the default turn detection (EndOfTurnUnavailable says how to install it).
+        # the server's turn detection (EndOfTurnUnavailable says how to install it).
+        if s.turn_detection_note:
+            log.warning("%s", s.turn_detection_note)
         await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)
         loading = state.engine is None
         if loading:
@@ -197,6 +199,7 @@ async def client_config(request: web.Request) -> web.Response:
         "voice": s.voice,
         "instructions": s.instructions,
         "turn_detection": turn_description(s.turn),
+        "turn_detection_note": s.turn_detection_note,  # null, or why semantic_vad is not the default here
         "model": s.model,
         "token_required": bool(s.token),
         "video": {"fps": s.video_fps, "max_side": s.video_max_side},

@@ -234,6 +234,7 @@ class CallSession:
             "voice": self.voice,
             "instructions": self.instructions,
             "turn_detection": turn_description(self.conversation.turn),
+            "turn_detection_note": self.settings.turn_detection_note,
             "output_modalities": output_modalities(self.conversation.text_only),
             "input_audio": {"sample_rate": 16000, "vad": "silero"},
             "output_audio": {"codec": "opus", "packet_ms": 80, "sample_rate": 24000},
