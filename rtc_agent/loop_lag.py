@@ -62,3 +62,21 @@ class GcPauses:
     def uninstall(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
+
+
+LAG_BUCKETS_MS = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 5000)
+
+
+def watched_process(registry: Any) -> tuple[LoopLag, GcPauses]:
+    """The metrics every server process shows (a prometheus_client registry of its own): its CPU and memory, how
+    late its event loop wakes up, and its garbage collections. Start `watch()`, `install()` the pauses."""
+    from prometheus_client import Histogram, ProcessCollector
+
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, resident memory
+    lag = Histogram("rtc_agent_event_loop_lag_ms", "How late the event loop (every call's media and signaling, or "
+                    "the engine's requests) woke up from a 50 ms sleep: high when the process's CPU is short",
+                    buckets=LAG_BUCKETS_MS, registry=registry)
+    pauses = Histogram("rtc_agent_gc_pause_ms", "Python's cyclic garbage collections, by generation: the whole "
+                       "process waits for each", ["generation"], buckets=LAG_BUCKETS_MS, registry=registry)
+    return (LoopLag(on_sample=lag.observe),
+            GcPauses(lambda generation, ms: pauses.labels(str(generation)).observe(ms)))

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..loop_lag import LoopLag
 from ..media.ice import use_host_addresses
+from . import server_processes
 from .call import ANSWER_PACKET, CONNECT_WARMUP_S, GAP_S, TAIL_S, connection_gone, dial, load_speech, turn_report
 from .microphone import RATE, Microphone
 from .peer import Call, CallError, ReceivedAudio
@@ -95,6 +96,7 @@ async def run_loadtest(url: str, wav: str | None, settings: LoadSettings, *, tok
         await wait_ready(url, settings.retry_s, verify_tls)
     groups = [list(range(p, settings.callers, settings.processes)) for p in range(settings.processes)]
     work = (url, samples, spans, settings, call_kwargs)
+    before, started = await server_processes.snapshot(url, verify_tls), time.monotonic()
     if len(groups) == 1:
         callers, lag_ms = await _run_callers(groups[0], *work)
     else:
@@ -102,8 +104,10 @@ async def run_loadtest(url: str, wav: str | None, settings: LoadSettings, *, tok
                                                                  ice_host_addresses)
         callers = sorted((c for part, _ in parts for c in part), key=lambda c: c["caller"])
         lag_ms = max(lag for _, lag in parts)
+    spent = server_processes.usage(before, await server_processes.snapshot(url, verify_tls),
+                                   time.monotonic() - started)
     return {"url": url.rstrip("/"), "wav": wav, "utterances": len(spans), "settings": dataclasses.asdict(settings),
-            "overall": summary(callers, lag_ms), "callers": callers}
+            "overall": summary(callers, lag_ms), "server_processes": spent, "callers": callers}
 
 
 async def _run_callers(indices: list[int], url: str, samples: np.ndarray, spans: list[tuple[int, int]],
@@ -364,5 +368,10 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     if lag is not None:
         print(f"  the server's event loop woke up to {lag} ms late during the answered turns"
               + (" (high: the server's CPU side, media and signaling, is a bottleneck)" if lag > 50 else ""))
+    for name, p in report["server_processes"].items():
+        late = p[f"loop_late_over_{server_processes.LATE_MS:g}_ms"]
+        print(f"  server process {name}: CPU {p['cpu_pct']} % of a core; event loop late by more than "
+              f"{server_processes.LATE_MS:g} ms on {late} of {p['loop_wakeups']} wake-ups (all within "
+              f"{p['loop_lag_ms_at_most']} ms)")
     print(f"  the client's event loops woke up to {o['client_loop_lag_ms_max']} ms late"
           + (" (high: the load tester itself may be the bottleneck)" if o["client_loop_lag_ms_max"] > 50 else ""))

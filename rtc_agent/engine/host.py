@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..loop_lag import LoopLag
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ..loop_lag import watched_process
 from . import wire
 from .engine import Engine, Session
 
@@ -28,7 +30,8 @@ NOTICES = frozenset({"update", "close"})
 class EngineHost:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.loop_lag = LoopLag()
+        self.registry = CollectorRegistry()  # this process's page of the server's /metrics (front.py merges them)
+        self.loop_lag, self.gc_pauses = watched_process(self.registry)
         self._server: asyncio.AbstractServer | None = None
         self._ids = itertools.count(1)
 
@@ -45,12 +48,9 @@ class EngineHost:
             await self._server.wait_closed()
 
     def status(self) -> dict[str, Any]:
-        """What media processes show: the engine's description and memory, and this process's CPU and loop."""
+        """What media processes show: the engine's description, whether it is ready, its GPU memory."""
         engine = self.engine
-        times = os.times()
-        return {"describe": engine.describe(), "ready": engine.ready, "memory": engine.memory(),
-                "process": {"role": "engine", "pid": os.getpid(), "cpu_s": round(times.user + times.system, 3),
-                            "loop_lag_ms_max": round(self.loop_lag.max_ms, 1)}}
+        return {"describe": engine.describe(), "ready": engine.ready, "memory": engine.memory()}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = _Connection(self, writer)
@@ -120,6 +120,8 @@ class _Connection:
         method = request.method
         if method == "status":
             return self.host.status()
+        if method == "metrics":
+            return generate_latest(self.host.registry).decode()
         if method == "new_session":
             session = self.host.engine.new_session(*request.args)
             number = next(self.host._ids)
@@ -159,6 +161,7 @@ async def serve_engine(engine: Engine, path: str | Path, started: float | None =
     """Warms `engine` up, then serves it on `path` until cancelled (the engine process's main)."""
     host = EngineHost(engine)
     lag = asyncio.create_task(host.loop_lag.watch(), name="loop-lag")
+    host.gc_pauses.install()
     try:
         await host.start(path)
         log.info("engine serving on %s%s", path,

@@ -74,9 +74,9 @@ class RemoteEngine:
     def memory(self) -> MemoryUse | None:
         return self._status.get("memory")
 
-    def process(self) -> dict[str, Any]:
-        """The engine process's pid, CPU seconds and event-loop lateness (for /metrics)."""
-        return dict(self._status.get("process", {}))
+    async def metrics_page(self) -> str:
+        """The engine process's own metrics (Prometheus text): its CPU, memory, event loop and collections."""
+        return await self.request("metrics")
 
     async def warmup(self) -> None:
         raise EngineUnavailable("the engine process warms itself up before it serves; it is not ready")

@@ -21,13 +21,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..config import Settings
 from ..engine.remote import RemoteEngine
+from ..loop_lag import watched_process
 from .errors import ApiError
-from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often each media process's /readyz is read
@@ -64,13 +64,13 @@ class Front:
         self.settings = settings
         self.media = media
         self.engine = engine
-        self.metrics = Metrics()  # the front's own: its loop, GC, CPU, refused connections
+        self.registry = CollectorRegistry()  # the front's own page: its CPU, loop, collections, refused connections
+        self.loop_lag, self.gc_pauses = watched_process(self.registry)
+        self.connections_refused = Counter("rtc_agent_connections_refused", "HTTP connections closed at once: "
+                                           "max_connections were open", registry=self.registry)
         self.engine_pid = engine_pid
         self.draining = False
         self._turn = itertools.cycle(range(len(media)))
-        self._engine_registry = CollectorRegistry()
-        if engine_pid is not None:
-            ProcessCollector(pid=lambda: engine_pid, registry=self._engine_registry)
 
     # ---- choosing a media process -----------------------------------------------------------------------------
     def owner(self, request: web.Request, body: bytes) -> MediaProcess | None:
@@ -244,12 +244,17 @@ class Front:
     async def metrics_page(self, request: web.Request) -> web.Response:
         """Every process's metrics on one page: the front's, the engine's (process CPU and memory), each media
         process's, their series labelled `process`."""
-        pages = [("front", generate_latest(self.metrics.registry).decode()),
-                 ("engine", generate_latest(self._engine_registry).decode() + _engine_loop(self.engine))]
-        for process, text in zip(self.media, await asyncio.gather(*(self._scrape(p) for p in self.media))):
-            pages.append((process.mark, text))
+        scraped = await asyncio.gather(self._engine_page(), *(self._scrape(p) for p in self.media))
+        pages = [("front", generate_latest(self.registry).decode()), ("engine", scraped[0]),
+                 *zip((p.mark for p in self.media), scraped[1:])]
         return web.Response(text=merge_metrics(pages), content_type="text/plain",
                             headers={"X-Content-Type-Options": "nosniff"})
+
+    async def _engine_page(self) -> str:
+        try:
+            return await asyncio.wait_for(self.engine.metrics_page(), 2) if self.engine.ready else ""
+        except Exception:  # (gone, or slow: the page goes without it)
+            return ""
 
     async def _scrape(self, process: MediaProcess) -> str:
         if not process.ready:
@@ -264,14 +269,6 @@ class Front:
         for process in self.media:
             if process.http is not None:
                 await process.http.close()
-
-
-def _engine_loop(engine: RemoteEngine) -> str:
-    lag = engine.process().get("loop_lag_ms_max")
-    if lag is None:
-        return ""
-    return ("# HELP rtc_agent_event_loop_lag_ms_max The most a 50 ms sleep of the process's event loop woke up late\n"
-            f"# TYPE rtc_agent_event_loop_lag_ms_max gauge\nrtc_agent_event_loop_lag_ms_max {lag}\n")
 
 
 def _forwarded(headers: Any, websocket: bool = False) -> CIMultiDict[str]:

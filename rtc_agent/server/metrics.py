@@ -3,19 +3,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..loop_lag import GcPauses, LoopLag
+from ..loop_lag import watched_process
 
 LATENCY_BUCKETS_MS = (25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000)
 STEP_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 5000)
-LAG_BUCKETS_MS = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 5000)
 
 
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        ProcessCollector(registry=r)  # process_cpu_seconds_total and memory: per process, behind the front
         self.first_packet_ms = Histogram(
             "audio_first_packet_latency_ms", "End of the caller's turn to the answer's first packet handed to RTP",
             buckets=LATENCY_BUCKETS_MS, registry=r)
@@ -56,15 +54,7 @@ class Metrics:
         self.video_frames_sampled = Counter("rtc_agent_video_frames_sampled",
                                             "Caller video frames kept for the model (video_fps a second)", registry=r)
         self.ready = Gauge("rtc_agent_ready", "1 once the model is loaded and warmed up", registry=r)
-        self.loop_lag_ms = Histogram("rtc_agent_event_loop_lag_ms",
-                                     "How late the event loop (every call's media and signaling) woke up from a "
-                                     "50 ms sleep: high when the server's CPU side is overloaded",
-                                     buckets=LAG_BUCKETS_MS, registry=r)
-        self.gc_pause_ms = Histogram("rtc_agent_gc_pause_ms", "Python's cyclic garbage collections, by "
-                                     "generation: the whole process waits for each", ["generation"],
-                                     buckets=LAG_BUCKETS_MS, registry=r)
-        self.loop_lag = LoopLag(on_sample=self.loop_lag_ms.observe)
-        self.gc_pauses = GcPauses(lambda generation, ms: self.gc_pause_ms.labels(str(generation)).observe(ms))
+        self.loop_lag, self.gc_pauses = watched_process(r)
         self._made = self._late = 0
         self._input_arrived = self._input_dropped = 0
 

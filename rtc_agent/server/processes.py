@@ -203,7 +203,7 @@ async def serve_split(settings: Settings, count: int) -> int:
     app.router.add_get("/metrics", front.metrics_page)
     app.router.add_route("*", "/{path:.*}", front.proxy)
     runner = Runner(app, request_timeout_s=settings.request_timeout_s, max_connections=settings.max_connections,
-                    on_refused=front.metrics.connections_refused.inc, access_log_class=AccessLogger,
+                    on_refused=front.connections_refused.inc, access_log_class=AccessLogger,
                     handle_signals=False)
     await runner.setup()
     tasks: list[asyncio.Task[Any]] = []
@@ -218,7 +218,8 @@ async def serve_split(settings: Settings, count: int) -> int:
         watching = asyncio.create_task(supervisor.watch(front), name="supervisor")
         tasks = [watching, asyncio.create_task(front.watch(), name="media-status"),
                  asyncio.create_task(engine.connect(ENGINE_WAIT_S), name="engine-connect"),
-                 asyncio.create_task(front.metrics.loop_lag.watch(), name="loop-lag")]
+                 asyncio.create_task(front.loop_lag.watch(), name="loop-lag")]
+        front.gc_pauses.install()
         stopping, draining = asyncio.create_task(stop.wait()), asyncio.create_task(drain.wait())
         tasks += [stopping, draining]
         await asyncio.wait([stopping, draining, watching], return_when=asyncio.FIRST_COMPLETED)
