@@ -239,7 +239,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-connections", type=int,
                    help=f"open HTTP connections; more are closed at once (default {d.max_connections})")
     p.add_argument("--max-sessions", type=int, help="concurrent calls, each a session slot made at start-up (default: "
-                   "as many as fit in GPU memory after the weights, at most 8; 4 on a CPU); more get 503")
+                   "as many as fit in GPU memory after the weights, at most 24; 4 on a CPU); more get 503")
     p.add_argument("--ice-server", dest="ice_servers", action="append",
                    help="STUN/TURN server, repeatable: stun:host:port or turn:user:pass@host:port?transport=udp")
     p.add_argument("--ice-host-address", dest="ice_host_addresses", action="append",

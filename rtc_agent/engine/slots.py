@@ -32,10 +32,9 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_CPU_SLOTS = 4
-# The engine streams 16 answers in real time on one H200, but the server's one event loop (every call's media)
-# does not keep up with 16: callers heard answers 1.2-2.7 s after they stopped talking, against ~0.55 s with 8
-# (docs/PERFORMANCE.md, eleventh session). More slots only when asked for (--max-sessions).
-MAX_AUTO_SLOTS = 8
+# The engine alone keeps 24 answers in real time on one H200 (bench: RTF 0.62; 32: 1.02), and the calls' media run
+# in media processes beside it (server/processes.py). More slots only when asked for (--max-sessions).
+MAX_AUTO_SLOTS = 24
 GPU_RESERVE_BYTES = 6 << 30  # prefill activations (a long video turn), cuBLAS workspaces, the allocator's slack
 SLOT_OVERHEAD = 1.5  # a slot's graphs and Code2Wav buffers on top of its KV caches (measured: docs/PERFORMANCE.md)
 MAX_KEPT_PROMPTS = 8  # system prompts whose keys and values are kept for new calls (≈ 20 MB each at full size)
