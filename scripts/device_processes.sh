@@ -4,6 +4,7 @@
 # processes auto): 1 caller (3 turns), 8, 16 and 24 at once, then 8 at once with one media process killed (SIGKILL)
 # mid-call. Part 2: `--turn-detection server_vad --max-sessions 32`: 8 and 32 at once.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_processes.sh 1|2 [WAV]
+# (SERVE_ARGS="--quantize int4": more serve flags for part 1; CALLERS="1 8 16": its loads, each "N at once")
 set -u
 part=${1:-1}
 wav=${2:-.whl/question.wav}
@@ -42,11 +43,10 @@ loadtest() {
 }
 readyz() { python3 -c "import json, urllib.request; print(json.dumps(json.load(urllib.request.urlopen('$url/readyz'))))"; }
 if [ "$part" = 1 ]; then
-    serve
-    loadtest loadtest-1 --callers 1 --turns 3
-    loadtest loadtest-8 --callers 8
-    loadtest loadtest-16 --callers 16
-    loadtest loadtest-24 --callers 24
+    serve ${SERVE_ARGS:-}
+    for n in ${CALLERS:-1 8 16 24}; do
+        loadtest "loadtest-$n" --callers "$n" $([ "$n" = 1 ] && echo --turns 3)
+    done
     # 8 at once; once all 8 are in, SIGKILL the media process with the most calls
     loadtest loadtest-8-kill --callers 8 &
     tester=$!
