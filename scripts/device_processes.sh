@@ -76,3 +76,4 @@ else
 fi
 kill -INT "$server"; wait "$server"
 grep -E "ERROR|Traceback" "$out/serve-$part.log" | head -20
+tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -r "$out"  # one file back

@@ -38,11 +38,14 @@ def usage(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], w
     out = {}
     for name, now in after.items():
         then = before.get(name, {"cpu_s": 0.0, "lag_buckets": {}})
+        restarted = now["cpu_s"] < then["cpu_s"]  # a new process took this one's place: its counts start at 0
+        if restarted:
+            then = {"cpu_s": 0.0, "lag_buckets": {}}
         counts = {le: n - then["lag_buckets"].get(le, 0.0) for le, n in sorted(now["lag_buckets"].items())}
         total = counts.get(math.inf, 0.0)
         on_time = max((n for le, n in counts.items() if le <= LATE_MS), default=0.0)
         worst = next((le for le, n in counts.items() if n >= total), None) if total else None
         out[name] = {"cpu_pct": round(100 * (now["cpu_s"] - then["cpu_s"]) / wall_s, 1) if wall_s > 0 else None,
                      "loop_wakeups": int(total), f"loop_late_over_{LATE_MS:g}_ms": int(total - on_time),
-                     "loop_lag_ms_at_most": worst}
+                     "loop_lag_ms_at_most": worst, **({"restarted": True} if restarted else {})}
     return out

@@ -237,8 +237,8 @@ async def serve_split(settings: Settings, count: int) -> int:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await supervisor.stop()
         await engine.close()
+        await supervisor.stop()
         await front.close()
         await runner.cleanup()
 
