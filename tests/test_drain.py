@@ -32,12 +32,13 @@ async def post_offer() -> tuple[int, dict, str | None]:
             return r.status, await r.json(), r.headers.get("Retry-After")
 
 
-def test_capacity_then_a_sigterm_drain_lets_the_call_finish(tmp_path: Path) -> None:
+@pytest.mark.parametrize("media_processes", ["0", "2"])  # one process; the front, an engine, two media processes
+def test_capacity_then_a_sigterm_drain_lets_the_call_finish(tmp_path: Path, media_processes: str) -> None:
     async def main() -> None:
         private_network()
         proc = start([sys.executable, "-m", "rtc_agent.cli", "serve", "--port", str(PORT), "--max-sessions", "1",
-                      "--max-answer-s", "1", "--device", "cpu", "--ice-host-address", "127.0.0.1"],
-                     tmp_path / "serve.log")
+                      "--max-answer-s", "1", "--device", "cpu", "--ice-host-address", "127.0.0.1",
+                      "--media-processes", media_processes], tmp_path / "serve.log")
         try:
             deadline = time.monotonic() + 90
             while True:

@@ -59,7 +59,7 @@ class RemoteEngine:
         if not isinstance(welcome, wire.Welcome):
             raise EngineUnavailable(f"the engine process refused this one (protocol version {wire.VERSION})")
         self._tasks.append(asyncio.create_task(self._read(reader), name="engine-replies"))
-        self._status = await self.request("status")
+        await self.refresh()
         self._tasks.append(asyncio.create_task(self._watch_status(), name="engine-status"))
         return self
 
@@ -159,11 +159,15 @@ class RemoteEngine:
         for queue in self._streams.values():
             queue.put_nowait(wire.Result(0, error=error))
 
+    async def refresh(self) -> None:
+        """Reads the engine's status now (free slots, memory) rather than as of the last poll."""
+        self._status = await self.request("status")
+
     async def _watch_status(self) -> None:
         while self.lost is None:
             await asyncio.sleep(STATUS_EVERY_S)
             try:
-                self._status = await self.request("status")
+                await self.refresh()
             except EngineUnavailable:
                 return
 

@@ -210,29 +210,36 @@ class Front:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    def _counts(self) -> dict[str, int]:
+    async def _counts(self) -> dict[str, int]:
+        """Calls and slots as the engine has them now (its slots are the server's)."""
+        if self.engine.ready:
+            try:
+                await self.engine.refresh()
+            except Exception:  # gone since: `lost` says so
+                pass
         describe = self.engine.describe()
-        return {"active": sum(p.calls for p in self.media), "free": int(describe.get("free_sessions", 0)),
-                "max_sessions": int(describe.get("max_sessions", 0)),
-                "media_processes_ready": sum(p.ready for p in self.media)}
+        return {"active": int(describe.get("max_sessions", 0)) - int(describe.get("free_sessions", 0)),
+                "free": int(describe.get("free_sessions", 0)), "max_sessions": int(describe.get("max_sessions", 0))}
 
     def _processes(self) -> dict[str, Any]:
-        return {"engine_pid": self.engine_pid, "media_processes": [
-            {"mark": p.mark, "pid": p.pid, "ready": p.ready, "calls": p.calls} for p in self.media]}
+        return {"engine_pid": self.engine_pid, "media_processes_ready": sum(p.ready for p in self.media),
+                "media_processes": [{"mark": p.mark, "pid": p.pid, "ready": p.ready, "calls": p.calls}
+                                    for p in self.media]}
 
     async def readyz(self, request: web.Request) -> web.Response:
+        counts = await self._counts()
         if self.engine.lost is not None:
             return web.json_response({"status": "failed", "error": self.engine.lost, **self._processes()},
                                      status=503)
         if self.engine.ready and any(p.ready for p in self.media):
-            return web.json_response({"status": "ready", "engine": self.engine.describe(), **self._counts(),
+            return web.json_response({"status": "ready", "engine": self.engine.describe(), **counts,
                                       **self._processes()})
-        return web.json_response({"status": "loading", **self._counts(), **self._processes()}, status=503)
+        return web.json_response({"status": "loading", **counts, **self._processes()}, status=503)
 
     async def capacity(self, request: web.Request) -> web.Response:
         """As one process's /capacity: 200 available, 404 full or draining, 503 not loaded (or the engine gone)."""
-        counts = self._counts()
-        if self.engine.lost is not None or not self.engine.ready or not counts["media_processes_ready"]:
+        counts = await self._counts()
+        if self.engine.lost is not None or not self.engine.ready or not any(p.ready for p in self.media):
             status = "failed" if self.engine.lost else "loading"
             return web.json_response({"status": status, **counts}, status=503)
         if self.draining:

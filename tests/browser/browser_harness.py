@@ -125,7 +125,9 @@ def metric(text: str, name: str) -> float:
 
 
 class Server:
-    """`rtc-agent serve` (built-in tiny model, CPU) inside the namespace."""
+    """`rtc-agent serve` (built-in tiny model, CPU) inside the namespace, split into processes by role as on a GPU
+    (the front, the engine and two media processes): the page, its calls, resume and the Realtime SDK go through
+    the front."""
 
     def __init__(self, net: LoopbackNamespace | HostNetwork, port: int, log_path: Path, *extra: str) -> None:
         self.net, self.port, self.log_path, self.extra = net, port, log_path, extra
@@ -135,7 +137,7 @@ class Server:
     def start(self, timeout_s: float = 120.0) -> "Server":
         cli = shutil.which("rtc-agent", path=str(Path(sys.executable).parent)) or "rtc-agent"
         argv = [cli, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--ice-host-address", "127.0.0.1",
-                *self.extra]
+                "--media-processes", "2", *self.extra]
         log = open(self.log_path, "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(self.net.command(argv), stdout=log, stderr=subprocess.STDOUT, env=env,
