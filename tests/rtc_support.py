@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import re
 import shutil
 import subprocess
 import tempfile
@@ -219,11 +220,14 @@ async def metrics_text(url: str) -> str:
 
 
 def metric(text: str, name: str) -> float:
-    """The value of one sample line (`name` includes any labels), 0 when absent."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+    """The value of one series (`name` with its labels, if any: `rtc_agent_turns_total{status="completed"}`), 0
+    when absent. A server split into processes labels each series with its `process` as well: the sum over them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base, _, labels = name.partition("{")
+    wanted = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == base and {k: v for k, v in sample.labels.items() if k != "process"} == wanted)
 
 
 def run(coro: Any, timeout_s: float = 120.0) -> Any:

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rtc_support import metric  # noqa: F401  (the tests take it from here too)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("RTC_AGENT_CHROMIUM", "/usr/bin/chromium")
 DESKTOP = {"width": 1280, "height": 800}
@@ -115,13 +117,6 @@ class HostNetwork:
     def close(self) -> None:
         pass
 
-
-def metric(text: str, name: str) -> float:
-    """The value of an unlabelled sample in a Prometheus text page (0 when absent)."""
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{}"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 class Server:
