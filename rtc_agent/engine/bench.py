@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..loop_lag import LoopLag
 from . import audio_input, sampling
 from .kernels import attention, moe, norm, rotary
 from .engine import PREPARE_AFTER_SILENCE_MS, Engine
@@ -105,6 +108,14 @@ def _system_prompt(tokenizer, count: int) -> str:
     return text
 
 
+def _cpu_s(engine: Engine) -> tuple[float, float]:
+    """CPU seconds so far of this process and of the engine's worker thread (Linux: /proc)."""
+    times = os.times()
+    fields = Path(f"/proc/self/task/{engine.worker_thread_id}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return times.user + times.system, (int(fields[11]) + int(fields[12])) / ticks
+
+
 def _log(args, message: str) -> None:
     if not args.json:
         print(message, flush=True)
@@ -135,7 +146,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     instructions = _system_prompt(engine.tokenizer, args.system_tokens)
     sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
                                                   max_frames=args.answer_frames)) for n in range(args.sessions)]
+    lag = LoopLag()
+    watching = asyncio.create_task(lag.watch())
+    cpu_before, wall_before = _cpu_s(engine), time.perf_counter()
     callers = await asyncio.gather(*(_caller(session, args, width, height, n) for n, session in enumerate(sessions)))
+    cpu_after, wall = _cpu_s(engine), time.perf_counter() - wall_before
+    watching.cancel()
     stages = await engine.run(_stage_times, engine, [s.context for s in sessions]) if engine.speech else {}
     encoder = await engine.run(_encoder_times, engine)
     video = sessions[0].video_stats()
@@ -166,6 +182,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "rtf": round(max(rtf), 3) if rtf else None, "startup_s": round(ready - started, 1),
         "warmup_s": round(ready - loaded, 1), "gpu_peak_gb": _round(engine.gpu_peak_gb()), "stage_ms": stages,
         "audio_encoder_ms": encoder,
+        # while the callers talked and were answered: this process's CPU and its engine worker thread's, in % of
+        # one core, and how late the event loop (the sessions' requests) woke up
+        "process": {"cpu_pct": round(100 * (cpu_after[0] - cpu_before[0]) / wall, 1),
+                    "worker_thread_cpu_pct": round(100 * (cpu_after[1] - cpu_before[1]) / wall, 1),
+                    "loop_lag_ms_max": round(lag.max_ms, 1)},
     }
     if args.video_s:
         result["video"] = {"camera_s_before_question": args.video_s, "size": args.video_size, "window_s": window,

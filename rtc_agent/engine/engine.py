@@ -149,6 +149,11 @@ class Engine:
         else:
             self.pool.release(slot)
 
+    @property
+    def worker_thread_id(self) -> int | None:
+        """The worker thread's id in the operating system (its CPU time: /proc/self/task/ID/stat)."""
+        return self._worker.thread_id
+
     def add_answer(self, answer: Answer) -> None:
         self._worker.add(answer)
 

@@ -117,6 +117,10 @@ class Worker:
                     return None
                 self._wake.wait()
 
+    @property
+    def thread_id(self) -> int | None:
+        return self._thread.native_id
+
     def _step_due(self) -> bool:
         """Whether an answer is so close to its playout that its next frame goes before more jobs."""
         lead = min((a.lead_s(time.perf_counter()) for a in self._answers), default=MIN_LEAD_S)
