@@ -28,6 +28,7 @@ from ..config import Settings
 from ..engine.remote import RemoteEngine
 from ..loop_lag import watched_process
 from .errors import ApiError
+from .realtime import MAX_EVENT_BYTES
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often each media process's /readyz is read
@@ -149,6 +150,8 @@ class Front:
             return exc.response()
         except asyncio.TimeoutError:
             return ApiError(408, "request_timeout", "the body did not arrive in time").response()
+        except web.HTTPRequestEntityTooLarge:
+            return ApiError(413, "body_too_large", "the request body is too large").response()
         try:
             async with process.client().request(request.method, f"http://media{request.path_qs}",
                                                 headers=_forwarded(request.headers), data=body,
@@ -175,28 +178,17 @@ class Front:
             self.forget(process)
             return ApiError(503, "media_process_unavailable", "no media process took the call",
                             {"Retry-After": RETRY_AFTER_S}).response()
-        client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=0)
+        client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
         await client.prepare(request)
 
-        async def to_media() -> None:
-            async for msg in client:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    await upstream.send_str(msg.data)
-                elif msg.type == aiohttp.WSMsgType.BINARY:
-                    await upstream.send_bytes(msg.data)
-
         async def to_client() -> None:
-            async for msg in upstream:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    await client.send_str(msg.data)
-                elif msg.type == aiohttp.WSMsgType.BINARY:
-                    await client.send_bytes(msg.data)
+            await _pump(upstream, client)
             if not client.closed and upstream.close_code not in (1000, 1001):  # not a clean close: it died
                 await client.send_json({"type": "error", "error": {
                     "type": "server_error", "code": "session_failed",
                     "message": "the process that held this session failed; open a new one"}})
 
-        tasks = [asyncio.create_task(to_media()), asyncio.create_task(to_client())]
+        tasks = [asyncio.create_task(_pump(client, upstream)), asyncio.create_task(to_client())]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -276,6 +268,15 @@ class Front:
         for process in self.media:
             if process.http is not None:
                 await process.http.close()
+
+
+async def _pump(source: Any, sink: Any) -> None:
+    """One direction of a relayed WebSocket: every text and binary frame of `source` to `sink`, until it closes."""
+    async for msg in source:
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            await sink.send_str(msg.data)
+        elif msg.type == aiohttp.WSMsgType.BINARY:
+            await sink.send_bytes(msg.data)
 
 
 def _forwarded(headers: Any, websocket: bool = False) -> CIMultiDict[str]:

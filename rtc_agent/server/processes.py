@@ -39,6 +39,7 @@ log = logging.getLogger("rtc_agent.server")
 WATCH_S = 0.5
 STOP_S = 10.0  # how long a process may take to end after it is told to, before it is killed
 ENGINE_WAIT_S = 24 * 3600.0  # a real checkpoint may load for many minutes; a process that dies ends the wait
+CRASH_LOOP_S = 30.0  # a media process that dies this soon after its start is started again only this much later
 
 
 def media_process_count(settings: Settings) -> int:
@@ -126,6 +127,7 @@ class Supervisor:
         self._spawn = multiprocessing.get_context("spawn")
         self.engine = self._start(engine_main, "engine", self.engine_socket)
         self.media = [MediaProcess(f"m{i}", self.runtime / f"media-{i}.sock") for i in range(count)]
+        self._started_at: dict[str, float] = {}
         self.processes: dict[str, BaseProcess] = {m.mark: self._start_media(m) for m in self.media}
         self.stopping = False
 
@@ -138,6 +140,7 @@ class Supervisor:
     def _start_media(self, media: MediaProcess) -> BaseProcess:
         process = self._start(media_main, media.mark, media.mark, str(media.socket), self.engine_socket)
         media.pid = process.pid
+        self._started_at[media.mark] = time.monotonic()
         return process
 
     async def watch(self, front: Front) -> str:
@@ -148,10 +151,14 @@ class Supervisor:
                 return f"the engine process exited ({self.engine.exitcode}) before it was ready"
             for media in self.media:
                 process = self.processes[media.mark]
-                if not process.is_alive() and not self.stopping and not front.draining:
+                if process.is_alive() or self.stopping or front.draining:
+                    continue
+                if media.pid == process.pid:  # (not yet reported)
                     log.error("media process %s (pid %s) exited (%s): its calls ended; starting another",
                               media.mark, process.pid, process.exitcode)
                     front.forget(media)
+                    media.pid = None
+                if time.monotonic() - self._started_at[media.mark] >= CRASH_LOOP_S:  # (no crash loop)
                     self.processes[media.mark] = self._start_media(media)
 
     async def drain(self, timeout_s: float) -> None:
