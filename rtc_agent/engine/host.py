@@ -33,7 +33,6 @@ class EngineHost:
         self.registry = CollectorRegistry()  # this process's page of the server's /metrics (front.py merges them)
         self.loop_lag, self.gc_pauses = watched_process(self.registry)
         self._server: asyncio.AbstractServer | None = None
-        self._ids = itertools.count(1)
 
     async def start(self, path: str | Path) -> None:
         """Warms the engine up if it is not yet, then listens on `path` (a socket file in a private directory)."""
@@ -79,6 +78,7 @@ class _Connection:
         self.writer = writer
         self.sessions: dict[int, Session] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._numbers = itertools.count(1)
 
     def send(self, record: Any) -> None:
         if not self.writer.is_closing():
@@ -94,7 +94,10 @@ class _Connection:
             if session is None:
                 return
             if record.method == "update":
-                session.update(**record.kwargs)  # checked by the media process already
+                try:
+                    session.update(**record.kwargs)  # checked by the media process already
+                except ValueError:
+                    log.exception("a session update the media process let through was refused")
             else:  # a session its media process dropped without closing it
                 self.sessions.pop(record.session, None)
                 asyncio.ensure_future(session.close())
@@ -124,7 +127,7 @@ class _Connection:
             return generate_latest(self.host.registry).decode()
         if method == "new_session":
             session = self.host.engine.new_session(*request.args)
-            number = next(self.host._ids)
+            number = next(self._numbers)
             self.sessions[number] = session
             return number
         session = self.sessions.get(request.session)  # type: ignore[arg-type]

@@ -1,0 +1,71 @@
+"""The engine across the process boundary (engine/host.py, engine/remote.py, engine/wire.py), on the real tiny
+engine: errors cross as the same exceptions and leave the session usable, a media process that goes away gives
+its slots back, and a process of another protocol version is refused."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from rtc_agent.engine import EngineFullError, ResponseDone, SessionOptions, SpeechFrame
+from rtc_agent.engine import wire
+from rtc_agent.engine.remote import RemoteEngine
+
+from rtc_support import engine, hosted, run
+
+OPTIONS = SessionOptions(max_answer_tokens=4, max_frames=3, seed=1)
+
+
+def test_errors_cross_as_themselves_and_the_session_goes_on() -> None:
+    async def main() -> None:
+        async with hosted(engine()) as remote:
+            session = await remote.open_session(OPTIONS)
+            with pytest.raises(ValueError, match="16000 Hz"):
+                await session.push_audio(np.zeros(800, np.float32), sample_rate=8000)
+            with pytest.raises(ValueError, match="unknown voice"):
+                session.update(voice="nobody")  # checked here, before anything is sent
+            await session.push_audio(np.zeros(16000, np.float32))
+            events = [event async for event in session.respond()]
+            assert isinstance(events[-1], ResponseDone) and any(isinstance(e, SpeechFrame) for e in events)
+            frame = next(e for e in events if isinstance(e, SpeechFrame))
+            assert frame.samples.dtype == np.float32 and frame.samples.shape == (1920,)
+            await session.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                await session.push_audio(np.zeros(1600, np.float32))
+
+    run(main())
+
+
+def test_a_departed_media_process_gives_its_slots_back_and_a_full_engine_says_so() -> None:
+    async def main() -> None:
+        async with hosted(engine()) as remote:
+            slots = engine().pool.free
+            other = await RemoteEngine(remote.path, "other").connect()
+            sessions = [await other.open_session(OPTIONS) for _ in range(slots)]
+            with pytest.raises(EngineFullError):
+                await remote.open_session(OPTIONS)
+            await sessions[0].push_audio(np.zeros(16000, np.float32))
+            other._writer.transport.abort()  # the process died: no goodbye
+            for _ in range(100):
+                await remote.refresh()
+                if remote.describe()["free_sessions"] == slots:
+                    break
+                await asyncio.sleep(0.05)
+            assert remote.describe()["free_sessions"] == slots
+            await other.close()
+            session = await remote.open_session(OPTIONS)  # and they are usable again
+            await session.close()
+
+    run(main())
+
+
+def test_a_media_process_of_another_protocol_version_is_refused() -> None:
+    async def main() -> None:
+        async with hosted(engine()) as remote:
+            reader, writer = await asyncio.open_unix_connection(remote.path)
+            writer.write(wire.encode(wire.Hello(wire.VERSION + 1, "future")))
+            assert await asyncio.wait_for(wire.read(reader), 10) is None  # closed without a Welcome
+            writer.close()
+
+    run(main())
