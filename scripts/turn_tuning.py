@@ -65,14 +65,14 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) ->
 def verdicts(scores: list[float], e: Eagerness, longest_ms: int) -> tuple[int | None, float | None]:
     """(silence ms when the turn would end, the deciding score) for one silence of `longest_ms` at most, with
     checks as SemanticTurn makes them; (None, None): no verdict ended it."""
-    next_check, asked = e.first_check_ms, []
+    point, ends_at, asked = e.first_check_ms, 0, []
     for i, p in enumerate(scores):
         silence = (i + 1) * CHUNK_MS
-        if silence >= next_check:
+        if silence >= max(point, ends_at):  # one verdict at a time; a point passed meanwhile is asked for now
             ends_at = silence + VERDICT_MS
             if ends_at >= longest_ms:
                 break
-            next_check = max(e.next_check_ms(silence), ends_at)  # one verdict at a time
+            point = e.next_check_ms(point)
             asked.append(p)
             if e.ends_turn(asked, silence):
                 return ends_at, p

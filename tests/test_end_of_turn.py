@@ -174,10 +174,10 @@ def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_t
         def at_chunk(ms: int) -> int:  # a verdict is asked for at the first 32 ms chunk that reaches its silence
             return -(-ms // 32) * 32
 
-        expected = [at_chunk(eagerness.first_check_ms)]
-        while len(expected) < len(checks):
-            expected.append(at_chunk(eagerness.next_check_ms(expected[-1])))
-        assert [c[0] for c in checks] == expected
+        points = [eagerness.first_check_ms]
+        while len(points) < len(checks):
+            points.append(eagerness.next_check_ms(points[-1]))
+        assert [c[0] for c in checks] == [at_chunk(p) for p in points]
         scores = [p for _, p in checks]
         assert not any(eagerness.ends_turn(scores[:i], checks[i - 1][0]) for i in range(1, len(checks)))
         assert eagerness.ends_turn(scores, checks[-1][0]) == bool(ended)
@@ -188,6 +188,42 @@ def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_t
         turn.silence(0)
         await asyncio.gather(*pending)
         assert turn.decisions == [] and turn.probability is None
+        turn.close()
+
+    run(main(), timeout_s=120)
+
+
+def test_slow_verdicts_make_the_checks_later_never_fewer() -> None:
+    """SemanticTurn on the real model, its verdicts slow: each is back 160 ms of silence after it was asked for
+    (the chunks of a simulated clock go on while it is on its way, as on a busy CPU). A check point that passed
+    meanwhile is asked for at the first chunk once that verdict is back, so every early point of the eagerness
+    gets a verdict (auto: the points 64, 128, 192 ms, asked for at 64, 224 and 384 ms), then the late ones.
+    (Counting the next point from the silence of a late ask, as before, skipped the early point 192 ms.)"""
+    scorer = shared_scorer()
+    eagerness = EAGERNESS["auto"]
+    audio = ssml_speech(*PAUSED, rate=16_000)
+    start, _ = gap(audio, 16_000)
+    delay_ms = 160
+
+    async def main() -> None:
+        turn = SemanticTurn(scorer, eagerness, lambda: pytest.fail("a sentence cut in its pause ended the turn"))
+        turn.start([audio[:start + 16 * 100]])  # speech up to "... to become", then silence: scored incomplete
+        asked: list[int] = []
+        for silence in range(32, eagerness.patient_ms + eagerness.late_recheck_ms + 32, 32):
+            if turn._tasks and silence >= asked[-1] + delay_ms:  # the verdict on its way is back by this chunk
+                await asyncio.gather(*turn._tasks)
+                assert turn.checked_at_ms == asked[-1]
+            on_its_way = set(turn._tasks)
+            turn.silence(silence)
+            if set(turn._tasks) - on_its_way:
+                asked.append(silence)
+        await asyncio.gather(*turn._tasks)
+        assert asked == [64, 224, 384, 1120, 1600]  # the early points each once the verdict before is back
+        points = [eagerness.first_check_ms]
+        while len(points) < len(asked):
+            points.append(eagerness.next_check_ms(points[-1]))
+        assert points == [64, 128, 192, 1100, 1580]
+        assert len(turn.decisions) == len(asked)
         turn.close()
 
     run(main(), timeout_s=120)

@@ -123,12 +123,17 @@ def installed_scorer() -> EndOfTurnScorer | None:
 
 @dataclasses.dataclass(frozen=True)
 class Eagerness:
-    """How semantic_vad ends a turn. The first verdict is asked for at `first_check_ms` of silence, then every
-    `recheck_ms` (once the previous verdict is back) until `early_until_ms`; these early verdicts end the turn
-    when the mean P(complete) of the pause's latest `average_of` verdicts is >= `threshold` + `threshold_per_ms`
-    x (silence - first_check_ms) (one verdict jumps by up to 0.3 from one check to the next). An incomplete turn
-    waits: the later verdicts come from `patient_ms` of silence on, every `late_recheck_ms`, and end it at
-    P >= LATE_THRESHOLD; after `max_wait_ms` of silence it ends anyway.
+    """How semantic_vad ends a turn. The early check points are `first_check_ms` of silence, then every
+    `recheck_ms` while before `early_until_ms` (auto: 64, 128 and 192 ms); their verdicts end the turn when the
+    mean P(complete) of the pause's latest `average_of` verdicts is >= `threshold` + `threshold_per_ms`
+    x (silence - first_check_ms), the silence being the one at which the verdict was asked for (one verdict jumps
+    by up to 0.3 from one check to the next). An incomplete turn waits: the late check points are `patient_ms`
+    of silence, then every `late_recheck_ms`, and their verdicts end it at P >= LATE_THRESHOLD; after
+    `max_wait_ms` of silence it ends anyway.
+
+    One verdict is on its way at a time, and the points do not move with it: a point that passes while a
+    verdict is on its way is asked for once that verdict is back, so a slow verdict (a busy CPU) makes the
+    checks later, never fewer, and the rising threshold asks a later check for a surer verdict.
 
     Why the rising threshold and the gap: on the model's scale a longer silence reads as "more complete"
     whatever was said (a sentence cut in its pause scores 0.9 and more after 500 ms of it), so the early
@@ -159,11 +164,11 @@ class Eagerness:
         recent = scores[-self.average_of:]
         return len(recent) == self.average_of and sum(recent) / len(recent) >= self.threshold_at(silence_ms)
 
-    def next_check_ms(self, checked_ms: int) -> int:
-        """The silence at which the next verdict is asked for, after one asked for at `checked_ms`."""
-        if checked_ms + self.recheck_ms < self.early_until_ms:
-            return checked_ms + self.recheck_ms
-        return max(checked_ms + self.late_recheck_ms, self.patient_ms)
+    def next_check_ms(self, point_ms: int) -> int:
+        """The check point after the one at `point_ms` of silence (whenever its verdict was asked for)."""
+        if point_ms + self.recheck_ms < self.early_until_ms:
+            return point_ms + self.recheck_ms
+        return max(point_ms + self.late_recheck_ms, self.patient_ms)
 
 
 LATE_THRESHOLD = 0.5
@@ -188,9 +193,10 @@ class SemanticTurn:
     """One call's semantic end-of-turn decisions for the turn in progress.
 
     The conversation hands it the turn's audio (`add`) and, per chunk, the silence run so far (`silence`). At
-    each check point of a pause it scores the turn on the scorer's threads; a verdict that comes back while
-    the same pause still goes on and says "complete" calls `on_complete()`. Speech resuming starts a
-    new pause, and late verdicts of older pauses are ignored.
+    the first chunk at or after each check point of a pause (Eagerness) with no verdict on its way, it scores
+    the turn on the scorer's threads; a verdict that comes back while the same pause still goes on and says
+    "complete" calls `on_complete()`. Speech resuming starts a new pause, and late verdicts of older pauses are
+    ignored.
     """
 
     def __init__(self, scorer: EndOfTurnScorer, eagerness: Eagerness, on_complete: Callable[[], None]) -> None:
@@ -230,7 +236,7 @@ class SemanticTurn:
                 self._new_pause()
             return
         if silence_ms >= self._next_check_ms and not self._scoring and self._audio:
-            self._next_check_ms = self.eagerness.next_check_ms(silence_ms)
+            self._next_check_ms = self.eagerness.next_check_ms(self._next_check_ms)
             self._scoring = True
             task = asyncio.ensure_future(self._score(self._pause, np.concatenate(self._audio), silence_ms))
             self._tasks.add(task)
