@@ -78,9 +78,6 @@ class RemoteEngine:
         """The engine process's own metrics (Prometheus text): its CPU, memory, event loop and collections."""
         return await self.request("metrics")
 
-    async def warmup(self) -> None:
-        raise EngineUnavailable("the engine process warms itself up before it serves; it is not ready")
-
     async def open_session(self, options: SessionOptions = SessionOptions()) -> "RemoteSession":
         """A session on a free slot of the engine; `EngineFullError` when every slot is taken."""
         number = await self.request("new_session", None, options)

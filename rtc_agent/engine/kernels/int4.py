@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
