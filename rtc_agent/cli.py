@@ -74,8 +74,10 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
     return top
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+def configure_logging(level: str, role: str | None = None) -> None:
+    """The process's log lines; `role` names the process in each line (a server split into processes)."""
+    where = f"[{role}] " if role else ""
+    logging.basicConfig(level=level.upper(), format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     if logging.getLogger().level > logging.DEBUG:
         for noisy in ("aioice", "aiortc", "aiohttp.access"):  # per-check, per-packet and per-request lines
@@ -84,7 +86,7 @@ def _logging(level: str) -> None:
 
 def _loadtest(args: argparse.Namespace) -> int:
     """Exit status 0 when every caller got every answer, 1 when any failed, 2 for bad arguments."""
-    _logging("DEBUG" if args.verbose else "ERROR")  # a full server's refusals are in the report, not the log
+    configure_logging("DEBUG" if args.verbose else "ERROR")  # a full server's refusals are in the report, not the log
     from .client.loadtest import ClientProcessError, LoadSettings, default_processes, print_loadtest, run_loadtest
 
     try:
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"rtc-agent serve: {exc}", file=sys.stderr)
             return 2
-        _logging(settings.log_level)
+        configure_logging(settings.log_level)
         from .server.processes import media_process_count, serve_split
 
         count = media_process_count(settings)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "loadtest":
         return _loadtest(args)
     if args.command in ("call", "talk"):
-        _logging("DEBUG" if args.verbose else "WARNING")
+        configure_logging("DEBUG" if args.verbose else "WARNING")
         common = dict(token=args.token, voice=args.voice, instructions=args.instructions,
                       verify_tls=not args.insecure, ice_servers=tuple(args.ice_servers),
                       ice_host_addresses=tuple(args.ice_host_addresses), relay_only=args.relay_only)
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "bench_error", None):
             print(f"rtc-agent bench: the engine benchmark is not available ({args.bench_error})", file=sys.stderr)
             return 2
-        _logging("INFO")
+        configure_logging("INFO")
         from .engine import bench as engine_bench
 
         return int(engine_bench.run(args) or 0)

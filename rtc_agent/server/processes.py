@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..cli import configure_logging
 from ..config import Settings
 from . import tls
 from .front import Front, MediaProcess
@@ -58,15 +59,6 @@ def media_process_count(settings: Settings) -> int:
 
 
 # ---- the processes' mains (run in spawned processes: their arguments are pickled) ------------------------------
-def _logging(settings: Settings, role: str) -> None:
-    import logging as logging_
-
-    logging_.basicConfig(level=settings.log_level.upper(),
-                         format=f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("aioice", "aiortc", "aiohttp.access"):
-        logging_.getLogger(noisy).setLevel(logging_.WARNING)
-
-
 async def _orphaned() -> None:
     """Returns when the front that started this process is gone (killed without a word): then this one ends too."""
     parent = os.getppid()
@@ -75,7 +67,7 @@ async def _orphaned() -> None:
 
 
 def engine_main(settings: Settings, socket: str) -> None:
-    _logging(settings, "engine")
+    configure_logging(settings.log_level, "engine")
 
     async def main() -> None:
         from ..engine.host import serve_engine
@@ -94,7 +86,7 @@ def engine_main(settings: Settings, socket: str) -> None:
 
 
 def media_main(settings: Settings, mark: str, socket: str, engine_socket: str) -> None:
-    _logging(settings, mark)
+    configure_logging(settings.log_level, mark)
     import torch
 
     # silero-vad's products are tiny: more intra-op threads only spin, taking the cores the engine and the other
