@@ -157,7 +157,7 @@ async def readyz(request: web.Request) -> web.Response:
     if state.ready:
         return web.json_response({"status": "ready", "engine": state.engine.describe(),
                                   "sessions": len(state.sessions), "max_sessions": state.sessions.max_sessions})
-    error = state.load_error or getattr(state.engine, "lost", None)  # (an engine process that died)
+    error = state.load_error or state.engine_lost
     if error:
         return web.json_response({"status": "failed", "error": error}, status=503)
     return web.json_response({"status": "loading"}, status=503)

@@ -56,10 +56,9 @@ async def _offer(request: web.Request, state: ServerState) -> web.Response:
 def check_capacity(state: ServerState) -> None:
     """503 unless the model is ready, the server is not draining, GPU memory is below the guard and a call slot is
     free; reserves the slot (give it back with release())."""
-    lost = getattr(state.engine, "lost", None)
-    if lost:
+    if state.engine_lost:
         state.metrics.rejected.labels("engine").inc()
-        raise ApiError(503, "engine_unavailable", lost, {"Retry-After": str(RETRY_AFTER_LOADING_S)})
+        raise ApiError(503, "engine_unavailable", state.engine_lost, {"Retry-After": str(RETRY_AFTER_LOADING_S)})
     if not state.ready:
         state.metrics.rejected.labels("loading").inc()
         raise ApiError(503, "not_ready", "the model is still loading", {"Retry-After": str(RETRY_AFTER_LOADING_S)})

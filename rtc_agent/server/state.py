@@ -33,6 +33,11 @@ class ServerState:
         return self.loaded and self.engine is not None and bool(getattr(self.engine, "ready", False))
 
     @property
+    def engine_lost(self) -> str | None:
+        """Why the engine is unreachable: an engine process that died (remote.RemoteEngine.lost); None otherwise."""
+        return getattr(self.engine, "lost", None)
+
+    @property
     def memory_full(self) -> bool:
         """GPU memory is above the guard's limit (as of its latest reading)."""
         return self.guard is not None and self.guard.over
