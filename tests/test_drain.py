@@ -38,7 +38,7 @@ def test_capacity_then_a_sigterm_drain_lets_the_call_finish(tmp_path: Path, medi
         private_network()
         proc = start([sys.executable, "-m", "rtc_agent.cli", "serve", "--port", str(PORT), "--max-sessions", "1",
                       "--max-answer-s", "1", "--device", "cpu", "--ice-host-address", "127.0.0.1",
-                      "--media-processes", media_processes], tmp_path / "serve.log")
+                      "--media-processes", media_processes, "--turn-detection", "server_vad"], tmp_path / "serve.log")
         try:
             deadline = time.monotonic() + 90
             while True:
