@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .events import Event, ResponseDone, SpeechFrame, TextDelta
+from .tools import AnswerCalls
 from .graphs import rows_for
 from .sampling import Sampling, gumbel_rows
 from .slots import SlotPool
@@ -49,15 +50,37 @@ class Answer:
         self.first_frame_at: float | None = None
         self.step_started = started
         self.after: list[Callable[[], None]] = []  # run on the worker once the answer is done
+        self.calls: AnswerCalls | None = None  # its function calls, when the session offers tools (tools.py)
 
     @property
     def row(self) -> int:
         return self.context.slot.index
 
     def add_first_token(self, token: int) -> None:
-        self.tokens.append(token)
+        delta = self.take(token)
         self.metrics["ttft_ms"] = (time.perf_counter() - self.started) * 1e3
-        self.emit(self._delta(token))
+        if delta is not None:
+            self.emit(delta)
+
+    def take(self, token: int) -> TextDelta | None:
+        """The Thinker's next token for this answer: <|im_end|> ends its text; a token of a function call goes to
+        its calls (their events go out from there); returns the transcript's delta for a token of text."""
+        if token == self.context.ids.im_end:
+            self.thinker_done = True
+            return None
+        self.tokens.append(token)
+        if self.calls is not None and not self.calls.take(token):
+            return None
+        return self._delta(token)
+
+    @property
+    def calling(self) -> bool:
+        """A function call has opened: the rest of the answer is calls, which the Talker does not speak."""
+        return self.calls is not None and self.calls.in_calls
+
+    def mask(self) -> np.ndarray | None:
+        """The tokens its next draw may take (`AnswerCalls.mask`), None for any."""
+        return self.calls.mask() if self.calls is not None else None
 
     def _delta(self, token: int) -> TextDelta:
         return TextDelta(self.context.core.tokenizer.decode([token]), token)
@@ -86,22 +109,28 @@ class Answer:
         self.thinker_done = self.thinker_done or self.frames >= self.options.max_frames  # the text stops too
 
     def finish(self) -> None:
-        """Leave the caches holding the answer as the caller heard it and send `ResponseDone`."""
+        """Leave the caches holding the answer as the caller heard it (its text up to the cut, its complete calls)
+        and send `ResponseDone`."""
         context = self.context
         interrupted = self.interrupted_at is not None
         speech = self.spoken
-        kept = self.tokens if not speech or not interrupted else self.tokens[:self.interrupted_at]
+        text_end = self.calls.text_tokens if self.calling else len(self.tokens)
+        text = self.tokens[:text_end]
+        heard = text if not speech or not interrupted else text[:self.interrupted_at]
+        calls = self.tokens[text_end:self.calls.complete_tokens] if self.calling else []
         self.done = True
         try:
-            context.close_answer(self.answer_start, self.header, kept, self.tokens if speech else None)
+            context.close_answer(self.answer_start, self.header, heard, calls, self.tokens, text if speech else None)
         finally:
             if self.frame_times:
                 self.metrics["frame_ms_p50"] = float(np.percentile(self.frame_times, 50) * 1e3)
                 self.metrics["frame_ms_p90"] = float(np.percentile(self.frame_times, 90) * 1e3)
             self.metrics["audio_s"] = self.frames * FRAME_S
             self.metrics["total_ms"] = (time.perf_counter() - self.started) * 1e3  # the whole answer made
-            decoded = context.core.tokenizer.decode(kept)
-            self.emit(ResponseDone(decoded, tuple(kept), self.frames, interrupted, self.metrics))
+            decoded = context.core.tokenizer.decode(heard)
+            done = tuple(self.calls.done) if self.calls is not None else ()
+            cut = self.calling and len(self.tokens) > self.calls.complete_tokens  # a call had begun, not ended
+            self.emit(ResponseDone(decoded, tuple(heard), self.frames, interrupted, self.metrics, done, cut))
 
 
 def tick(pool: SlotPool, answers: list[Answer]) -> None:
@@ -140,19 +169,18 @@ def _tokens(pool: SlotPool, answers: list[Answer], overlap: bool) -> None:
     """Queue the next Thinker token of `answers` (collected with `pool.tokens()`)."""
     rows: list = [None] * rows_for(max(a.row for a in answers), len(pool))
     samplings = [answers[0].options.thinker_sampling] * len(rows)
+    masks = {}
     for a in answers:
         rows[a.row] = (a.context.slot, a.tokens[-1], a.context.generator)
         samplings[a.row] = a.options.thinker_sampling
-    pool.start_tokens(rows, samplings, overlap)
+        if (mask := a.mask()) is not None:
+            masks[a.row] = mask
+    pool.start_tokens(rows, samplings, overlap, masks)
     if not overlap:
         tokens = pool.tokens()
         for a in answers:
-            token = tokens[a.row]
-            if token == a.context.ids.im_end:
-                a.thinker_done = True
-            else:
-                a.tokens.append(token)
-                a.emit(a._delta(token))
+            if (delta := a.take(tokens[a.row])) is not None:
+                a.emit(delta)
 
 
 def _frames(pool: SlotPool, group: list[Answer]) -> None:
@@ -186,15 +214,16 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
     for a in going:
         if a in ahead and not last[a.row]:  # at the frame limit the token goes unused (cropped with the answer)
             token = tokens[a.row]
-            a.thinker_done = token == a.context.ids.im_end
-            if not a.thinker_done:
-                a.tokens.append(token)
+            if (delta := a.take(token)) is not None:
+                deltas[a.row] = delta
                 # As in stock generate, the answer's last token (EOS, or the one at the length limit) is not
-                # spoken: tts_eos takes its place.
-                deltas[a.row] = a._delta(token)
+                # spoken: tts_eos takes its place. (So is none of a function call: its tokens go on without the
+                # Talker, which ends its speech.)
                 a.thinker_done = len(a.tokens) >= a.options.max_answer_tokens
                 if not a.thinker_done:
                     texts[a.row] = token
+            elif not a.thinker_done:
+                a.thinker_done = len(a.tokens) >= a.options.max_answer_tokens
         if not last[a.row] and a.row not in texts:
             texts[a.row] = core.tts["eos"] if a.text_after_end == 0 else core.tts["pad"]
             a.text_after_end += 1

@@ -25,6 +25,7 @@ from .sampling import choose
 from .slots import PrefillRequest, Slot
 from .stack import explicit_positions
 from .talker import TalkerPrefillRequest
+from .tools import AnswerCalls, system_text
 
 
 class TurnTooLongError(ValueError):
@@ -147,7 +148,8 @@ class CallContext:
         self.code2wav = slot.code2wav
         self.generator = slot.generator
         self.segments: list[Segment] = []
-        self._last_answer: tuple[int, list[int]] | None = None  # (cache position, tokens) of the latest answer
+        # the latest spoken answer: (its cache position, its text tokens, its function calls' tokens)
+        self._last_answer: tuple[int, list[int], list[int]] | None = None
         self.turn: Turn | None = None  # the user turn being prefilled
         self.prepared: Prepared | None = None  # an answer made ready at a pause (`prepare_answer`)
         self.pending = np.zeros(0, dtype=np.float32)  # caller audio not yet encoded
@@ -159,9 +161,10 @@ class CallContext:
                                  core.options.video_still_threshold)
 
     def apply(self, options: SessionOptions) -> None:
-        """New session options; a new system prompt replaces the old one in the cache from the next turn on."""
+        """New session options; a new system prompt (instructions, tools) replaces the old one in the cache from
+        the next turn on."""
         self.undo_prepared()
-        changed = options.instructions != self.options.instructions
+        changed = (options.instructions, options.tools.tools) != (self.options.instructions, self.options.tools.tools)
         self.options = options
         if changed and self.segments:
             self.segments[0] = Segment("system", self._system_ids())
@@ -205,6 +208,13 @@ class CallContext:
         if not ids:
             raise ValueError("the text is empty")
         self.typed += ids
+
+    def add_tool_output(self, output: str) -> None:
+        """A function's result: it joins the caller's turn as Qwen3's template writes a tool's response
+        (`<tool_response>`, a newline, the output, a newline, `</tool_response>`; newline-separated when several)."""
+        self.undo_prepared()
+        text = f"<tool_response>\n{output}\n</tool_response>"
+        self.typed += self.core.tokenizer.encode(("\n" if self.typed else "") + text, add_special_tokens=False)
 
     def limit_video(self, window_s: int) -> int | None:
         """Keep at most `window_s` seconds of video in the context from the next second of video or turn on (the
@@ -385,8 +395,9 @@ class CallContext:
 
     def _system_ids(self) -> list[int]:
         i = self.ids
-        text = self.core.tokenizer.encode(self.options.instructions, add_special_tokens=False)
-        return [i.im_start, i.system, i.newline, *text, i.im_end, i.newline]
+        text = system_text(self.options.instructions, self.options.tools.tools)
+        return [i.im_start, i.system, i.newline, *self.core.tokenizer.encode(text, add_special_tokens=False),
+                i.im_end, i.newline]
 
     def _append(self, segment: Segment) -> None:
         """Prefill a whole segment (system or assistant text) into the Thinker's cache."""
@@ -533,12 +544,15 @@ class CallContext:
         self.segments.append(self.turn.segment)
         self.turn = None
         answer = Answer(self, emit, started, header, self.cache.length - len(header))
+        if self.options.tools.tools:
+            answer.calls = AnswerCalls(self.core.tool_runtime, self.options.tools, self.core.tokenizer.decode,
+                                       lambda event: answer.emit(event))
+            if (mask := answer.mask()) is not None:
+                logits = self.core.pool.masks.apply(logits, self.core.pool.masks.one(mask))
         self.slot.answer = answer
         token = int(choose(logits, self.options.thinker_sampling, self.generator))
-        answer.thinker_done = token == i.im_end
-        if not answer.thinker_done:
-            answer.add_first_token(token)
-        if self.talker is not None and self.options.speech:
+        answer.add_first_token(token)
+        if self.talker is not None and self.options.speech and not answer.calling:
             answer.spoken = True
             answer.thinker_done = answer.thinker_done or len(answer.tokens) >= self.options.max_answer_tokens
             side = self.core.pool.side_stream
@@ -552,12 +566,13 @@ class CallContext:
 
     def trim_last_answer(self, frames_played: int) -> None:
         """A barge-in that lands after the answer was made but before it was all heard: keep only the text of the
-        first `frames_played` frames in the history, as `interrupt` does during the answer."""
+        first `frames_played` frames in the history (and its complete function calls), as `interrupt` does during
+        the answer."""
         self.undo_prepared()
         if self._last_answer is None:
             return
-        answer_start, tokens = self._last_answer
-        kept = tokens[:max(0, frames_played)]
+        answer_start, text, calls = self._last_answer
+        kept = text[:max(0, frames_played)] + calls
         header = self.segments[-1].ids[:3]
         if len(header) + len(kept) + 2 >= len(self.segments[-1].ids):
             return  # all of it was heard
@@ -568,15 +583,17 @@ class CallContext:
             self.turn.base = self.cache.next_position  # (its Talker part is not behind the answer: it stays)
             self._prefill_segment(self.turn.segment)
 
-    def close_answer(self, answer_start: int, header: list[int], kept: list[int], made: list[int] | None) -> None:
-        """Leave the caches holding the conversation with the answer as it was heard: its kept text, then
-        <|im_end|> and a newline. `made`: every token of a spoken answer, for a barge-in that comes after it was
-        made (`trim_last_answer`)."""
-        self._last_answer = (answer_start, made) if made is not None else None
+    def close_answer(self, answer_start: int, header: list[int], heard: list[int], calls: list[int],
+                     made: list[int], spoken_text: list[int] | None) -> None:
+        """Leave the caches holding the conversation with the answer as it was heard: its `heard` text, its
+        complete function `calls`, then <|im_end|> and a newline. `made`: every token it drew (the cache holds the
+        header and the first of them); `spoken_text`: all the text of a spoken answer, for a barge-in that comes
+        after it was made (`trim_last_answer`)."""
+        self._last_answer = (answer_start, spoken_text, calls) if spoken_text is not None else None
         i = self.ids
-        segment = Segment("assistant", header + kept + [i.im_end, i.newline])
-        fed = self.cache.length - answer_start  # header + fed tokens
-        keep = min(fed, len(header) + len(kept))
+        segment = Segment("assistant", header + heard + calls + [i.im_end, i.newline])
+        fed = header + made[:self.cache.length - answer_start - len(header)]  # what the cache holds of it
+        keep = next((n for n, (a, b) in enumerate(zip(fed, segment.ids)) if a != b), min(len(fed), len(segment.ids)))
         self.cache.crop(answer_start + keep)
         self.run_now(self._thinker_prefill(segment.ids[keep:], []))
         self.segments.append(segment)

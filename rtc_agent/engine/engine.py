@@ -30,6 +30,7 @@ from .memory import EngineOutOfMemory, MemoryUse, read_memory
 from .options import EngineOptions, SessionOptions
 from .slots import PrefillRequest, Slot, SlotPool, estimated_slot_bytes, slot_count
 from .talker import TalkerPrefillRequest
+from .tools import ToolRuntime
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class Engine:
         norm.install(self.model, enabled=options.fast_norm and self.device.type == "cuda")
         rotary.install(self.model, enabled=options.fast_rotary and self.device.type == "cuda")
         self.ids = TokenIds.from_model(self.model, self.tokenizer)
+        self.tool_runtime = ToolRuntime.for_tokenizer(self.tokenizer, self.model.thinker.lm_head.out_features,
+                                                      self.ids.im_end)
         self.ready = False
         self.tts: dict[str, torch.Tensor] = {}
         with torch.inference_mode():
@@ -207,6 +210,8 @@ class Session:
         eo = self.engine.options
         tokens = min(options.max_answer_tokens or eo.max_answer_tokens, eo.max_answer_tokens)
         frames = min(options.max_frames or eo.max_frames, eo.max_frames)
+        if options.tools.tools and self.engine.tool_runtime is None:
+            raise ValueError("this model's tokenizer has no <tool_call> token: it cannot call functions")
         return replace(options, max_answer_tokens=tokens, max_frames=frames)
 
     def update(self, **changes: Any) -> None:
@@ -283,6 +288,17 @@ class Session:
             raise RuntimeError("an answer is in progress on this session: push text after it")
         context = await self._ready_context()
         await self._run(context.add_text, text)
+
+    async def push_tool_output(self, output: str) -> None:
+        """What a function the answer called returned (`ToolCallDone`): it joins the caller's turn as the model's
+        chat template gives a tool's response, after anything else in the turn; `respond()` goes on from it."""
+        self._check_open()
+        if not isinstance(output, str):
+            raise ValueError("a tool's output must be a string")
+        if self._answering:
+            raise RuntimeError("an answer is in progress on this session: push the tool's output after it")
+        context = await self._ready_context()
+        await self._run(context.add_tool_output, output)
 
     async def flush(self) -> None:
         """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then

@@ -1,4 +1,5 @@
-"""What the engine streams out of one answer: text deltas, 80 ms speech frames, and a closing summary."""
+"""What the engine streams out of one answer: text deltas, 80 ms speech frames, function calls, and a closing
+summary."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,6 +37,35 @@ class ResponseDone:
     frames: int
     interrupted: bool
     metrics: dict[str, float] = field(default_factory=dict)  # ttfp_ms, ttft_ms, audio_s, frame_ms_p50, ...
+    tool_calls: tuple["ToolCallDone", ...] = ()  # the answer's complete function calls (`text` is what precedes them)
+    call_cut: bool = False  # a call was still being written when the answer stopped (cut, or out of tokens): dropped
 
 
-Event = TextDelta | SpeechFrame | ResponseDone
+
+
+@dataclass(frozen=True)
+class ToolCallStarted:
+    """The answer began a function call (`index`: its number in this answer, from 0); its name is written."""
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArguments:
+    """The next piece of a call's arguments (JSON text, as the Thinker writes it)."""
+
+    index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class ToolCallDone:
+    """A whole call: its arguments parse and validate against the tool's parameters schema."""
+
+    index: int
+    name: str
+    arguments: str
+
+
+Event = TextDelta | SpeechFrame | ToolCallStarted | ToolCallArguments | ToolCallDone | ResponseDone

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .sampling import Sampling
+from .tools import ToolSet
 
 VOICES = ("chelsie", "ethan", "aiden")
 QUANTIZE_CHOICES = ("none", "int4", "auto")  # weight-only INT4 (int4.py): never, always, where bf16 would not fit
@@ -75,12 +76,15 @@ class SessionOptions:
     max_answer_tokens: int | None = None  # None: the engine's
     max_frames: int | None = None
     speech: bool = True  # False: answers are text only (the Talker sits them out); no effect on a text-only engine
+    tools: ToolSet = ToolSet()  # functions the model may call (tools.py), listed in the system turn
 
     def __post_init__(self) -> None:
         if self.voice not in VOICES:
             raise ValueError(f"unknown voice {self.voice!r}: choose one of {', '.join(VOICES)}")
         if not isinstance(self.instructions, str) or len(self.instructions) > 20_000:
             raise ValueError("instructions must be a string of at most 20000 characters")
+        if not isinstance(self.tools, ToolSet):
+            raise ValueError("tools must be a ToolSet")
         if self.greedy:  # greedy is greedy everywhere; the Talker keeps its repetition penalty, as stock does
             object.__setattr__(self, "thinker_sampling", replace(self.thinker_sampling, greedy=True))
             object.__setattr__(self, "talker_sampling", replace(self.talker_sampling, greedy=True))

@@ -208,6 +208,9 @@ class RemoteSession:
     async def push_text(self, text: str) -> None:
         await self._request("push_text", text)
 
+    async def push_tool_output(self, output: str) -> None:
+        await self._request("push_tool_output", output)
+
     async def flush(self) -> None:
         await self._request("flush")
 

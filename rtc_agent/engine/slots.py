@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
@@ -24,7 +25,7 @@ from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, Devi
                      batch_sizes, begin_rows, commit_rows, rows_for, to_device)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
-from .sampling import Sampling, choose, fused_active, gumbel_rows
+from .sampling import Sampling, TokenMasks, choose, fused_active, gumbel_rows
 from .stack import run_stack
 from .talker import Talker, TalkerRow
 
@@ -139,6 +140,7 @@ class SlotPool:
         self._step_inputs = DeviceCopy((3, count), torch.long, core.device)  # a step's positions, deltas, active rows
         self._ids = DeviceCopy((count, 1), torch.long, core.device)  # a Thinker step's input tokens
         self._tokens = HostCopy((count,), torch.long, core.device)  # its chosen tokens
+        self.masks = TokenMasks(count, model.thinker.lm_head.out_features, core.device)  # function calls' grammar
         if core.speech:  # each frame's codes and samples
             groups = model.config.talker_config.num_code_groups
             self.frame_codes = HostCopy((count, groups), torch.long, core.device)
@@ -255,7 +257,7 @@ class SlotPool:
             def logits(ids: torch.Tensor) -> torch.Tensor:
                 lm = self.core.model.thinker.model.language_model
                 hidden, _ = run_stack(lm, lm.embed_tokens(ids), view, mrope=True, graph_mode=True)
-                return self.core.model.thinker.lm_head(hidden[:, -1])
+                return self.masks.apply(self.core.model.thinker.lm_head(hidden[:, -1]), self.masks.device[:rows])
 
             self._thinker_steps[rows] = CapturedStep(logits, torch.zeros(rows, 1, dtype=torch.long,
                                                                          device=self.core.device),
@@ -284,10 +286,12 @@ class SlotPool:
         rows = rows_for(max(r.slot.index for r in requests), len(self.slots))
         return self._batched_prefill(rows, [(r.slot.index, r.slot.cache, r.embeds) for r in requests])
 
-    def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool) -> None:
+    def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool,
+                     masks: dict[int, np.ndarray] | None = None) -> None:
         """Queue the next Thinker token of a batch: `rows[i]` is (slot, previous token, generator) for row i, or
-        None where row i sits the step out. With `overlap` (and a side stream) the step runs on the side stream,
-        next to whatever the main stream does until `tokens()` is called."""
+        None where row i sits the step out; `masks`: the tokens some rows may draw (`TokenMasks`; the others,
+        any). With `overlap` (and a side stream) the step runs on the side stream, next to whatever the main
+        stream does until `tokens()` is called."""
         count = len(rows)
         step = self._thinker_step(count)  # (a capture sets the positions: before they are filled in)
         caches = [row[0].cache if row is not None else None for row in rows]
@@ -297,6 +301,7 @@ class SlotPool:
         stream = self.side_stream if overlap else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             begin_rows(self._view(count), caches, self._step_inputs)
+            self.masks.send(masks or {})
             logits = step(self._ids.send()[:count])
             self._tokens.start(choose_rows(logits, [r and r[2] for r in rows], samplings))
         commit_rows(caches)

@@ -38,6 +38,8 @@ SPECIAL_TOKEN_NAMES = {
     "tts_pad": "<|tts_pad|>", "tts_bos": "<|tts_bos|>", "tts_eos": "<|tts_eos|>",
 }
 ENDOFTEXT_ID = 151643  # first special id of the Qwen vocabulary: regular tokens are the ids below it
+# Added tokens of the Qwen3 vocabulary that are not special (they appear in text, as in the chat template's tools)
+TOOL_TOKENS = {151657: "<tool_call>", 151658: "</tool_call>", 151665: "<tool_response>", 151666: "</tool_response>"}
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def _pseudo_words(count: int) -> list[str]:
 
 
 def build_tokenizer(reference: dict[str, Any]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     ids = reference["special_token_ids"]
@@ -101,11 +103,11 @@ def build_tokenizer(reference: dict[str, Any]):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     specials = {ENDOFTEXT_ID: "<|endoftext|>"} | {ids[key]: name for key, name in SPECIAL_TOKEN_NAMES.items()}
-    for token_id, name in sorted(specials.items()):
+    for token_id, name in sorted((specials | TOOL_TOKENS).items()):
         # Added tokens take the next free id: fill the gaps so that each special token lands on its real id.
         while (size := backend.get_vocab_size(with_added_tokens=True)) < token_id:
             backend.add_special_tokens([f"<|reserved_{size}|>"])
-        backend.add_special_tokens([name])
+        backend.add_tokens([AddedToken(name, special=token_id in specials, normalized=False)])
         assert backend.token_to_id(name) == token_id, (name, token_id)
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
