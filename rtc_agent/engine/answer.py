@@ -126,6 +126,9 @@ class Answer:
                 self.metrics["frame_ms_p50"] = float(np.percentile(self.frame_times, 50) * 1e3)
                 self.metrics["frame_ms_p90"] = float(np.percentile(self.frame_times, 90) * 1e3)
             self.metrics["audio_s"] = self.frames * FRAME_S
+            self.metrics["tokens"] = len(self.tokens)
+            if self.calls is not None:
+                self.metrics["grammar_ms"] = self.calls.spent_s * 1e3
             self.metrics["total_ms"] = (time.perf_counter() - self.started) * 1e3  # the whole answer made
             decoded = context.core.tokenizer.decode(heard)
             done = tuple(self.calls.done) if self.calls is not None else ()

@@ -18,11 +18,45 @@ from ..loop_lag import LoopLag
 from . import audio_input, sampling
 from .kernels import attention, moe, norm, rotary
 from .engine import PREPARE_AFTER_SILENCE_MS, Engine
-from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame
+from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, ToolCallDone
 from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions
+from .tools import Tool, ToolSet
 from .graphs import rows_for
 
 FRAME_S = 0.08
+# Five kinds of schema a car or phone assistant offers (enums and bounded numbers, arrays, a nested object, bounded
+# integers, a pattern and a const), for `--tools` and the tests.
+BENCH_TOOLS = (
+    Tool.function("set_heating", "Set the cabin temperature of a zone.", {
+        "type": "object",
+        "properties": {"zone": {"enum": ["front", "back", "all"]},
+                       "celsius": {"type": "number", "minimum": 16, "maximum": 28}},
+        "required": ["zone", "celsius"]}),
+    Tool.function("add_to_list", "Add items to a shopping or to-do list.", {
+        "type": "object",
+        "properties": {"list": {"type": "string"},
+                       "items": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                                 "minItems": 1, "maxItems": 3}},
+        "required": ["list", "items"]}),
+    Tool.function("navigate", "Start route guidance.", {
+        "type": "object",
+        "properties": {"destination": {"type": "object",
+                                       "properties": {"name": {"type": "string", "maxLength": 20},
+                                                      "kind": {"enum": ["home", "work", "address"]}},
+                                       "required": ["kind"]},
+                       "avoid_tolls": {"type": "boolean"}},
+        "required": ["destination"]}),
+    Tool.function("set_timer", "Start a countdown.", {
+        "type": "object",
+        "properties": {"minutes": {"type": "integer", "minimum": 0, "maximum": 90},
+                       "seconds": {"type": "integer", "minimum": 0, "maximum": 59}},
+        "required": ["minutes", "seconds"]}),
+    Tool.function("call_contact", "Phone someone on the car's speakers.", {
+        "type": "object",
+        "properties": {"phone": {"type": "string", "pattern": "^\\+[0-9]{6,12}$"},
+                       "speaker": {"const": True}},
+        "required": ["phone", "speaker"]}),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answers come out only once all of them is made (answer_ms is then the first packet)")
     parser.add_argument("--gpu-memory-fraction", type=float, default=1.0,
                         help="cap the process at this fraction of the GPU's memory, before the weights load")
+    parser.add_argument("--tools", choices=("none", "auto", "required"), default="none",
+                        help="offer every session the five BENCH_TOOLS: auto (the model may call; the answers are "
+                             "the same kind), required (every answer is a call, its JSON held to its schema)")
     parser.add_argument("--compare-stock", action="store_true", help="also time stock generate on the same turn")
     parser.add_argument("--stock-runs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -144,8 +181,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     ready = time.perf_counter()
     _log(args, f"loaded in {loaded - started:.1f} s, warmed up in {ready - loaded:.1f} s")
     instructions = _system_prompt(engine.tokenizer, args.system_tokens)
+    tools = ToolSet(BENCH_TOOLS, args.tools) if args.tools != "none" else ToolSet()
     sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
-                                                  max_frames=args.answer_frames)) for n in range(args.sessions)]
+                                                  max_frames=args.answer_frames, tools=tools))
+                for n in range(args.sessions)]
     lag = LoopLag()
     watching = asyncio.create_task(lag.watch())
     cpu_before, wall_before = _cpu_s(engine), time.perf_counter()
@@ -188,6 +227,13 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     "worker_thread_cpu_pct": round(100 * (cpu_after[1] - cpu_before[1]) / wall, 1),
                     "loop_lag_ms_max": round(lag.max_ms, 1)},
     }
+    per_token = [ms for caller in callers for ms in caller["token_ms"]]
+    result["token_ms"] = _percentiles(per_token)  # a whole answer's time over its tokens (text-only answers: the step)
+    if args.tools != "none":
+        calls = [call for caller in callers for call in caller["calls"]]
+        result["tools"] = {"choice": args.tools, "calls": len(calls), "answers": len(per_token),
+                           "grammar_ms_per_token": _percentiles([ms for c in callers for ms in c["grammar_ms"]]),
+                           "made": [{"name": c.name, "arguments": c.arguments} for c in calls]}
     if args.video_s:
         result["video"] = {"camera_s_before_question": args.video_s, "size": args.video_size, "window_s": window,
                            "context_tokens": engine.options.context_tokens,
@@ -202,6 +248,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 async def _caller(session, args: argparse.Namespace, width: int, height: int, index: int) -> dict[str, Any]:
     """One caller's turns: audio (and camera) pushed in 20 ms pieces as the call server does, then the answer."""
     ttfp, ttft, frame_ms, answer_ms, busy_s, audio_s = [], [], [], [], 0.0, 0.0
+    token_ms, grammar_ms, calls = [], [], []
     clock = 0.0  # the session's media clock
     for turn in range(args.turns):
         audio = _caller_turn(args.turn_s, seed=turn + 100 * index)
@@ -220,7 +267,13 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
         async for event in session.respond():
             if isinstance(event, SpeechFrame):
                 made += 1
+            elif isinstance(event, ToolCallDone):
+                calls.append(event)
             elif isinstance(event, ResponseDone):
+                if event.metrics["tokens"]:
+                    token_ms.append(event.metrics["total_ms"] / event.metrics["tokens"])
+                    grammar_ms += [event.metrics["grammar_ms"] / event.metrics["tokens"]] \
+                        if "grammar_ms" in event.metrics else []
                 ttfp += [event.metrics["ttfp_ms"]] if "ttfp_ms" in event.metrics else []  # none: text only
                 answer_ms.append(event.metrics["total_ms"])
                 ttft += [event.metrics["ttft_ms"]] if "ttft_ms" in event.metrics else []  # none: no text
@@ -231,7 +284,7 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
             print(f"session {index} turn {turn}: ttft {ttft[-1] if ttft else 0:.1f} ms, ttfp "
                   f"{ttfp[-1] if made else 0:.1f} ms, {made} frames, whole answer {answer_ms[-1]:.1f} ms", flush=True)
     return {"ttfp": ttfp, "ttft": ttft, "frame_ms": frame_ms, "answer_ms": answer_ms, "busy_s": busy_s,
-            "audio_s": audio_s}
+            "audio_s": audio_s, "token_ms": token_ms, "grammar_ms": grammar_ms, "calls": calls}
 
 
 async def _hang_over(session, silence_ms: int, at: float) -> None:
@@ -266,9 +319,17 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
         for stream in streams:
             stream.cache.crop(stream.cache.length - 1)
 
+    masks = {}
+    if engine.tool_runtime is not None:  # every row inside a call's arguments, as a constrained step has them
+        matcher = engine.tool_runtime.matcher(ToolSet(BENCH_TOOLS, "set_heating"), opened=False)
+        matcher.consume_tokens(engine.tokenizer.encode('<tool_call>\n{"name": "set_heating", "arguments": {"zone": '))
+        words = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)[:pool.masks.words].copy()
+        masks = {r: words for r in slots}
     stages = {
         "thinker_token": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False),
                                   pool.tokens()),
+        "thinker_token_masked": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows,
+                                                           overlap=False, masks=masks), pool.tokens()),
         "talker_step": lambda: (talker.step(stepping, codes, text, options.talker_sampling, noise),
                                 talker.code0_values()),
         "code_predictor_15": lambda: talker.frame_codes(rows, options.predictor_sampling, residual).tolist(),

@@ -545,8 +545,8 @@ class CallContext:
         self.turn = None
         answer = Answer(self, emit, started, header, self.cache.length - len(header))
         if self.options.tools.tools:
-            answer.calls = AnswerCalls(self.core.tool_runtime, self.options.tools, self.core.tokenizer.decode,
-                                       lambda event: answer.emit(event))
+            answer.calls = AnswerCalls(self.core.tool_runtime, self.options.tools, self.options.max_answer_tokens,
+                                       self.core.tokenizer.decode, lambda event: answer.emit(event))
             if (mask := answer.mask()) is not None:
                 logits = self.core.pool.masks.apply(logits, self.core.pool.masks.one(mask))
         self.slot.answer = answer

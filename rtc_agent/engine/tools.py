@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ MAX_TOOLS = 64
 MAX_SCHEMA_CHARS = 32_000
 DEFAULT_MAX_STRING = 256
 DEFAULT_MAX_ITEMS = 16
+MIN_CALL_ROOM = 64  # tokens left in the answer's budget for another call to start after one
 CALL_PREFIX = '{"name": "'  # how every call's JSON starts (the grammar writes it so)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -105,7 +107,8 @@ class ToolSet:
 
     @property
     def callable(self) -> tuple[Tool, ...]:
-        return tuple(t for t in self.tools if self.choice in ("auto", "required") or t.name == self.choice)
+        """The tools a call may name (all of them unless one is named)."""
+        return tuple(t for t in self.tools if self.choice in CHOICES or t.name == self.choice)
 
 
 def system_text(instructions: str, tools: tuple[Tool, ...]) -> str:
@@ -183,6 +186,8 @@ class ToolRuntime:
         self._matchers: dict[tuple[ToolSet, bool], Any] = {}
         self.no_calls = np.full(self.words, -1, dtype=np.int32)  # every token but <tool_call>
         self.no_calls.view(np.uint32)[open_id // 32] &= ~np.uint32(1 << (open_id % 32))
+        self.end_only = np.zeros(self.words, dtype=np.int32)  # <|im_end|> alone
+        self.end_only.view(np.uint32)[end_id // 32] = np.uint32(1 << (end_id % 32))
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, vocab: int, end_id: int) -> "ToolRuntime | None":
@@ -222,9 +227,10 @@ class AnswerCalls:
     or written) or belongs to a call. Text comes before the first call; once a call opens, the rest of the answer
     is calls (the grammar ends it with <|im_end|>)."""
 
-    def __init__(self, runtime: ToolRuntime, tools: ToolSet, decode: Callable[[list[int]], str],
+    def __init__(self, runtime: ToolRuntime, tools: ToolSet, budget: int, decode: Callable[[list[int]], str],
                  emit: Callable[[Any], None]) -> None:
-        self.runtime, self.tools, self.decode, self.emit = runtime, tools, decode, emit
+        """`budget`: the answer's most tokens."""
+        self.runtime, self.tools, self.budget, self.decode, self.emit = runtime, tools, budget, decode, emit
         self.matcher = runtime.matcher(tools, opened=False) if tools.forced else None
         self.calls: list[_Call] = []
         self.done: list[ToolCallDone] = []
@@ -233,9 +239,23 @@ class AnswerCalls:
         self.complete_tokens = 0  # its tokens up to the end of the last complete call
         self._seen = 0
         self._mask = np.empty(runtime.words, dtype=np.int32)
+        self.spent_s = 0.0  # host time in the grammar (masks, tokens taken, events)
 
     def mask(self) -> np.ndarray | None:
-        """The allowed tokens of the answer's next draw (one bit each), or None: any token."""
+        """The allowed tokens of the answer's next draw (one bit each), or None: any token. After a call, another
+        one may start only with room for twice the longest so far (at least `MIN_CALL_ROOM` tokens): the answer
+        ends rather than cut a call at its token limit."""
+        started = time.perf_counter()
+        try:
+            return self._mask_now()
+        finally:
+            self.spent_s += time.perf_counter() - started
+
+    def _mask_now(self) -> np.ndarray | None:
+        if self.matcher is not None and self._seen == self.complete_tokens and self.done:
+            room = max(MIN_CALL_ROOM, 2 * max(len(c.tokens) + 2 for c in self.calls))
+            if not self.tools.parallel or self.budget - self._seen < room:
+                return self.runtime.end_only
         if self.matcher is not None:
             self.matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
             return self._mask
@@ -245,6 +265,13 @@ class AnswerCalls:
 
     def take(self, token: int) -> bool:
         """The answer drew `token`; returns True when it is text (before any call)."""
+        started = time.perf_counter()
+        try:
+            return self._take(token)
+        finally:
+            self.spent_s += time.perf_counter() - started
+
+    def _take(self, token: int) -> bool:
         self._seen += 1
         special = self.runtime.special
         if self.matcher is None and token == special["open"] and self.tools.choice != "none":

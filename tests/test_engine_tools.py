@@ -1,0 +1,169 @@
+"""Function calls on the built-in tiny model (random weights, so it babbles): every call it is made to write
+parses and validates against its tool's schema, over many seeds and five kinds of schema; the call's events add
+up to its arguments; the Talker speaks none of it; the history holds the call and the tool's response as Qwen3's
+template writes them, and the conversation goes on from there."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+from engine_helpers import caller_audio, engine_for, run
+from rtc_agent.engine import ResponseDone, SessionOptions, SpeechFrame, TextDelta
+from rtc_agent.engine.bench import BENCH_TOOLS
+from rtc_agent.engine.events import ToolCallArguments, ToolCallDone, ToolCallStarted
+from rtc_agent.engine.tools import Tool, ToolSet
+
+TOOLS = BENCH_TOOLS
+SCHEMAS = {tool.name: tool.schema for tool in TOOLS}
+
+
+async def _call(session, question: str) -> tuple[list, ResponseDone]:
+    await session.push_text(question)
+    events = [event async for event in session.respond()]
+    return events[:-1], events[-1]
+
+
+def _check(events: list, done: ResponseDone, named: str | None = None) -> None:
+    """The answer is calls only, whole, valid; its events say the same as its ResponseDone."""
+    assert not done.text and not done.call_cut and done.tool_calls
+    assert not any(isinstance(e, (SpeechFrame, TextDelta)) for e in events)
+    assert [e for e in events if isinstance(e, ToolCallDone)] == list(done.tool_calls)
+    for call in done.tool_calls:
+        assert named is None or call.name == named
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        started = [e for e in events if isinstance(e, ToolCallStarted) and e.index == call.index]
+        pieces = "".join(e.delta for e in events if isinstance(e, ToolCallArguments) and e.index == call.index)
+        assert [s.name for s in started] == [call.name] and pieces == call.arguments
+
+
+def test_every_required_call_validates_across_seeds_and_schemas():
+    """200 answers (each tool named, or "required" picking among all five; one in eight may make several calls),
+    four sessions at once."""
+    engine = engine_for(prefill_chunk_s=0)
+    made: dict[str, int] = {}
+
+    async def calls_on(seeds: range) -> None:
+        for seed in seeds:
+            named = TOOLS[seed % len(TOOLS)].name
+            choice = named if seed % 3 else "required"
+            tools = ToolSet(TOOLS, choice, parallel=seed % 8 == 0)
+            session = engine.new_session(SessionOptions(seed=seed, speech=seed % 2 == 0, tools=tools))
+            try:
+                events, done = await _call(session, "Do it, please.")
+                _check(events, done, None if choice == "required" else named)
+                for call in done.tool_calls:
+                    made[call.name] = made.get(call.name, 0) + 1
+            finally:
+                await session.close()
+
+    async def all_calls() -> None:
+        await asyncio.gather(*(calls_on(range(first, 200, 4)) for first in range(4)))
+
+    run(all_calls(), timeout_s=600)
+    assert sum(made.values()) >= 200 and set(made) == set(SCHEMAS)
+
+
+def test_a_call_then_its_output_then_a_spoken_answer_with_the_history_as_the_template_writes_it():
+    engine = engine_for(prefill_chunk_s=0)
+    heating = TOOLS[0]
+    session = engine.new_session(SessionOptions(seed=3, max_answer_tokens=200, max_frames=6,
+                                                tools=ToolSet((heating,), "set_heating", parallel=False)))
+
+    async def conversation():
+        events, done = await _call(session, "Turn up the heating in the back seats, please.")
+        session.update(tools=ToolSet((heating,), "auto"))
+        await session.push_tool_output('{"ok": true}')
+        answer = [event async for event in session.respond()]
+        return done, answer, [engine.tokenizer.decode(s.ids) for s in session.context.segments]
+
+    done, answer, history = run(conversation())
+    assert len(done.tool_calls) == 1 and done.tool_calls[0].name == "set_heating"
+    assert any(isinstance(e, SpeechFrame) for e in answer) and isinstance(answer[-1], ResponseDone)
+    system, user, assistant, tool = history[:4]
+    assert '{"type": "function", "function": {"name": "set_heating"' in system and "# Tools" in system
+    assert assistant == (f'<|im_start|>assistant\n<tool_call>\n{{"name": "set_heating", "arguments": '
+                         f'{done.tool_calls[0].arguments}}}\n</tool_call><|im_end|>\n')
+    assert tool == '<|im_start|>user\n<tool_response>\n{"ok": true}\n</tool_response><|im_end|>\n'
+    cache = session.context.cache
+    assert cache.length == sum(len(s.ids) for s in session.context.segments)
+
+
+def test_tool_choice_none_never_opens_a_call_and_auto_text_is_spoken():
+    """With "none" the opening token is masked out of every draw; the answer is ordinary speech."""
+    engine = engine_for(prefill_chunk_s=0)
+    opener = engine.tool_runtime.special["open"]
+    for seed in range(3):
+        session = engine.new_session(SessionOptions(seed=seed, max_answer_tokens=30, max_frames=30,
+                                                    tools=ToolSet(TOOLS, "none")))
+
+        async def spoken():
+            for start in range(0, 16000, 320):
+                await session.push_audio(caller_audio(1.0, seed)[start:start + 320])
+            return [event async for event in session.respond()]
+
+        events = run(spoken())
+        done = events[-1]
+        assert opener not in done.token_ids and not done.tool_calls
+        assert any(isinstance(e, SpeechFrame) for e in events)
+        run(session.close())
+
+
+def test_a_barge_in_during_a_call_drops_the_unfinished_call_and_keeps_the_context_consistent():
+    engine = engine_for(prefill_chunk_s=0)
+    session = engine.new_session(SessionOptions(seed=5, speech=False, tools=ToolSet(TOOLS[1:2], "add_to_list")))
+
+    async def cut_call():
+        await session.push_text("Add milk.")
+        events = []
+        async for event in session.respond():
+            events.append(event)
+            if isinstance(event, ToolCallArguments) and len(events) == 8:
+                await session.cancel()
+        return events
+
+    events = run(cut_call())
+    done = events[-1]
+    assert done.interrupted and done.call_cut and not done.tool_calls
+    assert not any(isinstance(e, ToolCallDone) for e in events)
+    ids = engine.ids
+    assert session.context.segments[-1].ids == [ids.im_start, ids.assistant, ids.newline, ids.im_end, ids.newline]
+    assert session.context.cache.length == sum(len(s.ids) for s in session.context.segments)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Tool.function("a b"), "name"),
+    (lambda: Tool("x", "", "[1]"), "JSON Schema of an object"),
+    (lambda: ToolSet((Tool.function("x"), Tool.function("x"))), "same name"),
+    (lambda: ToolSet((Tool.function("x"),), "y"), "tool_choice"),
+    (lambda: ToolSet((), "required"), "at least one tool"),
+])
+def test_bad_tools_are_refused_with_a_clear_error(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_schema_llguidance_cannot_enforce_is_refused():
+    with pytest.raises(ValueError, match="cannot be enforced"):
+        ToolSet((Tool.function("x", "", {"type": "object", "properties": {"a": {"type": "strnig"}}}),))
+
+
+def test_the_mask_is_the_grammar_applied_to_the_logits():
+    """A row's mask lets through exactly the tokens llguidance allows, on the logits of any row of the batch."""
+    engine = engine_for(prefill_chunk_s=0)
+    masks = engine.pool.masks
+    runtime = engine.tool_runtime
+    matcher = runtime.matcher(ToolSet(TOOLS, "set_timer"), opened=False)
+    words = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)[:masks.words]
+    vocab = runtime.vocab
+    allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab])
+    assert list(allowed) == [runtime.special["open"]]
+    import torch
+    logits = torch.randn(2, vocab)
+    rows = torch.stack([torch.full((masks.words,), -1, dtype=torch.int32), torch.from_numpy(words.copy())])
+    out = masks.apply(logits, rows)
+    assert torch.equal(out[0], logits[0])
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == list(allowed)
