@@ -10,6 +10,7 @@ import json
 import jsonschema
 import numpy as np
 import pytest
+import torch
 
 from engine_helpers import caller_audio, engine_for, run
 from rtc_agent.engine import ResponseDone, SessionOptions, SpeechFrame, TextDelta
@@ -152,18 +153,24 @@ def test_a_schema_llguidance_cannot_enforce_is_refused():
 
 
 def test_the_mask_is_the_grammar_applied_to_the_logits():
-    """A row's mask lets through exactly the tokens llguidance allows, on the logits of any row of the batch."""
+    """A row's mask, computed into the batch's staging buffer by llguidance's threads or for one draw, lets
+    through exactly the tokens the grammar allows; the other rows keep every token."""
     engine = engine_for(prefill_chunk_s=0)
-    masks = engine.pool.masks
-    runtime = engine.tool_runtime
+    masks, runtime = engine.pool.masks, engine.tool_runtime
     matcher = runtime.matcher(ToolSet(TOOLS, "set_timer"), opened=False)
+    matcher.consume_tokens(engine.tokenizer.encode('<tool_call>\n{"name": "set_timer", "arguments": {"minutes": '))
     words = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)[:masks.words]
-    vocab = runtime.vocab
-    allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab])
-    assert list(allowed) == [runtime.special["open"]]
-    import torch
-    logits = torch.randn(2, vocab)
-    rows = torch.stack([torch.full((masks.words,), -1, dtype=torch.int32), torch.from_numpy(words.copy())])
-    out = masks.apply(logits, rows)
+    allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:runtime.vocab])
+    assert [engine.tokenizer.decode([t]) for t in allowed] == [str(d) for d in range(10)]
+    with torch.inference_mode():  # (as on the engine's worker)
+        masks.send({1: matcher, 2: runtime.end_only})
+    assert torch.equal(masks.device[1], torch.from_numpy(words.copy())) and torch.equal(masks.device[0], masks.device[3])
+    assert torch.equal(masks.one(matcher)[0], masks.device[1])
+    logits = torch.randn(3, runtime.vocab)
+    out = masks.apply(logits, masks.device[:3])
     assert torch.equal(out[0], logits[0])
     assert torch.isfinite(out[1]).nonzero().flatten().tolist() == list(allowed)
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [runtime.special["end"]]
+    with torch.inference_mode():
+        masks.send({})
+    assert bool((masks.device == -1).all())

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .events import Event, ResponseDone, SpeechFrame, TextDelta
-from .tools import AnswerCalls
+from .tools import AnswerCalls, Constraint
 from .graphs import rows_for
 from .sampling import Sampling, gumbel_rows
 from .slots import SlotPool
@@ -78,9 +78,9 @@ class Answer:
         """A function call has opened: the rest of the answer is calls, which the Talker does not speak."""
         return self.calls is not None and self.calls.in_calls
 
-    def mask(self) -> np.ndarray | None:
-        """The tokens its next draw may take (`AnswerCalls.mask`), None for any."""
-        return self.calls.mask() if self.calls is not None else None
+    def constraint(self) -> Constraint | None:
+        """What its next draw may take (`AnswerCalls.constraint`), None for any token."""
+        return self.calls.constraint() if self.calls is not None else None
 
     def _delta(self, token: int) -> TextDelta:
         return TextDelta(self.context.core.tokenizer.decode([token]), token)
@@ -172,13 +172,13 @@ def _tokens(pool: SlotPool, answers: list[Answer], overlap: bool) -> None:
     """Queue the next Thinker token of `answers` (collected with `pool.tokens()`)."""
     rows: list = [None] * rows_for(max(a.row for a in answers), len(pool))
     samplings = [answers[0].options.thinker_sampling] * len(rows)
-    masks = {}
+    constraints = {}
     for a in answers:
         rows[a.row] = (a.context.slot, a.tokens[-1], a.context.generator)
         samplings[a.row] = a.options.thinker_sampling
-        if (mask := a.mask()) is not None:
-            masks[a.row] = mask
-    pool.start_tokens(rows, samplings, overlap, masks)
+        if (constraint := a.constraint()) is not None:
+            constraints[a.row] = constraint
+    pool.start_tokens(rows, samplings, overlap, constraints)
     if not overlap:
         tokens = pool.tokens()
         for a in answers:

@@ -228,7 +228,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     "loop_lag_ms_max": round(lag.max_ms, 1)},
     }
     per_token = [ms for caller in callers for ms in caller["token_ms"]]
-    result["token_ms"] = _percentiles(per_token)  # a whole answer's time over its tokens (text-only answers: the step)
+    result["token_ms"] = _percentiles(per_token)  # written answers: from the first token to the last, per token
     if args.tools != "none":
         calls = [call for caller in callers for call in caller["calls"]]
         result["tools"] = {"choice": args.tools, "calls": len(calls), "answers": len(per_token),
@@ -270,10 +270,10 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
             elif isinstance(event, ToolCallDone):
                 calls.append(event)
             elif isinstance(event, ResponseDone):
-                if event.metrics["tokens"]:
-                    token_ms.append(event.metrics["total_ms"] / event.metrics["tokens"])
-                    grammar_ms += [event.metrics["grammar_ms"] / event.metrics["tokens"]] \
-                        if "grammar_ms" in event.metrics else []
+                if event.metrics["tokens"] > 1 and not made:  # written: the time of each token after the first
+                    m = event.metrics
+                    token_ms.append((m["total_ms"] - m["ttft_ms"]) / (m["tokens"] - 1))
+                    grammar_ms += [m["grammar_ms"] / m["tokens"]] if "grammar_ms" in m else []
                 ttfp += [event.metrics["ttfp_ms"]] if "ttfp_ms" in event.metrics else []  # none: text only
                 answer_ms.append(event.metrics["total_ms"])
                 ttft += [event.metrics["ttft_ms"]] if "ttft_ms" in event.metrics else []  # none: no text
@@ -323,13 +323,12 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
     if engine.tool_runtime is not None:  # every row inside a call's arguments, as a constrained step has them
         matcher = engine.tool_runtime.matcher(ToolSet(BENCH_TOOLS, "set_heating"), opened=False)
         matcher.consume_tokens(engine.tokenizer.encode('<tool_call>\n{"name": "set_heating", "arguments": {"zone": '))
-        words = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)[:pool.masks.words].copy()
-        masks = {r: words for r in slots}
+        masks = {r: matcher.deep_copy() for r in slots}
     stages = {
         "thinker_token": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False),
                                   pool.tokens()),
         "thinker_token_masked": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows,
-                                                           overlap=False, masks=masks), pool.tokens()),
+                                                           overlap=False, constraints=masks), pool.tokens()),
         "talker_step": lambda: (talker.step(stepping, codes, text, options.talker_sampling, noise),
                                 talker.code0_values()),
         "code_predictor_15": lambda: talker.frame_codes(rows, options.predictor_sampling, residual).tolist(),

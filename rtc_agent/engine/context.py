@@ -547,8 +547,8 @@ class CallContext:
         if self.options.tools.tools:
             answer.calls = AnswerCalls(self.core.tool_runtime, self.options.tools, self.options.max_answer_tokens,
                                        self.core.tokenizer.decode, lambda event: answer.emit(event))
-            if (mask := answer.mask()) is not None:
-                logits = self.core.pool.masks.apply(logits, self.core.pool.masks.one(mask))
+            if (constraint := answer.constraint()) is not None:
+                logits = self.core.pool.masks.apply(logits, self.core.pool.masks.one(constraint))
         self.slot.answer = answer
         token = int(choose(logits, self.options.thinker_sampling, self.generator))
         answer.add_first_token(token)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from .graphs import DeviceCopy, to_device
 from .kernels.triton_support import tl, triton
 
 
@@ -95,46 +93,6 @@ def sample_torch(scores: torch.Tensor, sampling: Sampling, noise: torch.Tensor) 
         drop = cumulative - sorted_scores.softmax(dim=-1) > sampling.top_p  # keep the smallest set reaching top_p
         scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, float("-inf")))
     return (scores + noise).argmax(dim=-1)
-
-
-class TokenMasks:
-    """Which tokens each row of the Thinker's batch may draw, one bit per token (llguidance's layout: bit j of word
-    i is token 32 i + j), kept on the device. Every step applies them, all ones for a row without a constraint: a
-    function call's masked row runs the same kernels as a free one, inside the same CUDA graph."""
-
-    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
-        self.words = (vocab + 31) // 32
-        self.staging = DeviceCopy((rows, self.words), torch.int32, device)
-        self.staging.host.fill_(-1)
-        self.staging.device.fill_(-1)
-        self.shifts = torch.arange(32, dtype=torch.int32, device=device)
-        self._set = False  # some row of the device copy is not all ones
-
-    @property
-    def device(self) -> torch.Tensor:
-        return self.staging.device
-
-    def apply(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-        """`logits` [rows, vocab] with -inf where `words` [rows, words] has a 0 bit."""
-        allowed = ((words.unsqueeze(-1) >> self.shifts) & 1).flatten(1)[:, :logits.shape[-1]]
-        return logits.masked_fill(allowed == 0, float("-inf"))
-
-    def send(self, masks: dict[int, np.ndarray]) -> None:
-        """Queue the copy of the rows' masks (`masks`: row -> words; every other row all ones) on the current
-        stream, ahead of the step that reads them. Nothing to do when no row is or was constrained."""
-        if not masks and not self._set:
-            return
-        self.staging.wait_sent()
-        host = self.staging.host
-        host.fill_(-1)
-        for row, words in masks.items():
-            host[row] = torch.from_numpy(words)
-        self.staging.send()
-        self._set = bool(masks)
-
-    def one(self, words: np.ndarray) -> torch.Tensor:
-        """One row's mask on the device [1, words], for a draw outside the batched step (an answer's first)."""
-        return to_device(torch.from_numpy(words.copy())[None], self.device.device)
 
 
 FUSED_MAX_VOCAB = 8192  # the code predictor's 2048 codes; the Thinker's 152k keep `sample_torch`

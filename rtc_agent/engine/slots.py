@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from .code2wav import Code2WavRows, StreamingCode2Wav
@@ -25,9 +24,10 @@ from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, Devi
                      batch_sizes, begin_rows, commit_rows, rows_for, to_device)
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
-from .sampling import Sampling, TokenMasks, choose, fused_active, gumbel_rows
+from .sampling import Sampling, choose, fused_active, gumbel_rows
 from .stack import run_stack
 from .talker import Talker, TalkerRow
+from .tools import Constraint, TokenMasks
 
 log = logging.getLogger(__name__)
 
@@ -287,10 +287,10 @@ class SlotPool:
         return self._batched_prefill(rows, [(r.slot.index, r.slot.cache, r.embeds) for r in requests])
 
     def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool,
-                     masks: dict[int, np.ndarray] | None = None) -> None:
+                     constraints: dict[int, Constraint] | None = None) -> None:
         """Queue the next Thinker token of a batch: `rows[i]` is (slot, previous token, generator) for row i, or
-        None where row i sits the step out; `masks`: the tokens some rows may draw (`TokenMasks`; the others,
-        any). With `overlap` (and a side stream) the step runs on the side stream, next to whatever the main
+        None where row i sits the step out; `constraints`: what some rows may draw (`TokenMasks`; the others,
+        any token). With `overlap` (and a side stream) the step runs on the side stream, next to whatever the main
         stream does until `tokens()` is called."""
         count = len(rows)
         step = self._thinker_step(count)  # (a capture sets the positions: before they are filled in)
@@ -301,7 +301,7 @@ class SlotPool:
         stream = self.side_stream if overlap else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             begin_rows(self._view(count), caches, self._step_inputs)
-            self.masks.send(masks or {})
+            self.masks.send(constraints or {})
             logits = step(self._ids.send()[:count])
             self._tokens.start(choose_rows(logits, [r and r[2] for r in rows], samplings))
         commit_rows(caches)

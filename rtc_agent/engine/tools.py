@@ -22,15 +22,18 @@ says otherwise. The JSON is written as the model was trained to write it: `", "`
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
+import torch
 
 from .events import ToolCallArguments, ToolCallDone, ToolCallStarted
+from .graphs import DeviceCopy, to_device
 
 CHOICES = ("auto", "none", "required")  # or the name of one tool
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -39,6 +42,8 @@ MAX_SCHEMA_CHARS = 32_000
 DEFAULT_MAX_STRING = 256
 DEFAULT_MAX_ITEMS = 16
 MIN_CALL_ROOM = 64  # tokens left in the answer's budget for another call to start after one
+MASK_THREADS = 4  # llguidance's threads for the masks of the rows in a call (a step's masks at once)
+Constraint = Union["LLMatcher", np.ndarray]  # a call's grammar state (llguidance.LLMatcher), or a fixed mask
 CALL_PREFIX = '{"name": "'  # how every call's JSON starts (the grammar writes it so)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -213,6 +218,67 @@ class ToolRuntime:
         return self._matchers[key].deep_copy()
 
 
+class TokenMasks:
+    """Which tokens each row of the Thinker's batch may draw, one bit per token (llguidance's layout: bit j of word
+    i is token 32 i + j), kept on the device. Every step applies them, all ones for a row without a constraint: a
+    function call's masked row runs the same kernels as a free one, inside the same CUDA graph. The rows in a call
+    have their masks computed by llguidance's thread pool, all at once, straight into the pinned staging buffer."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.words = (vocab + 31) // 32
+        self.staging = DeviceCopy((rows, self.words), torch.int32, device)
+        self.staging.host.fill_(-1)
+        self.staging.device.fill_(-1)
+        self.shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self._set = False  # some row of the device copy is not all ones
+        self._executor: Any = None
+
+    @property
+    def device(self) -> torch.Tensor:
+        return self.staging.device
+
+    def apply(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """`logits` [rows, vocab] with -inf where `words` [rows, words] has a 0 bit."""
+        allowed = ((words.unsqueeze(-1) >> self.shifts) & 1).flatten(1)[:, :logits.shape[-1]]
+        return logits.masked_fill(allowed == 0, float("-inf"))
+
+    def send(self, constraints: dict[int, Constraint]) -> None:
+        """Queue the copy of the rows' masks (`constraints`: row -> a call's matcher or a fixed mask; every other
+        row all ones) on the current stream, ahead of the step that reads them. Nothing to do when no row is or
+        was constrained."""
+        if not constraints and not self._set:
+            return
+        self.staging.wait_sent()
+        host = self.staging.host
+        host.fill_(-1)
+        matchers = []
+        for row, constraint in constraints.items():
+            if isinstance(constraint, np.ndarray):
+                host[row] = torch.from_numpy(constraint)
+            else:
+                matchers.append((constraint, row))
+        if matchers:
+            self._compute(matchers, host)
+        self.staging.send()
+        self._set = bool(constraints)
+
+    def one(self, constraint: Constraint) -> torch.Tensor:
+        """One row's mask on the device [1, words], for a draw outside the batched step (an answer's first)."""
+        host = torch.full((1, self.words), -1, dtype=torch.int32)
+        if isinstance(constraint, np.ndarray):
+            host[0] = torch.from_numpy(constraint)
+        else:
+            self._compute([(constraint, 0)], host)
+        return to_device(host, self.device.device)
+
+    def _compute(self, matchers: list[tuple[Any, int]], host: torch.Tensor) -> None:
+        if self._executor is None:
+            from llguidance import LLExecutor
+
+            self._executor = LLExecutor(num_threads=min(MASK_THREADS, os.cpu_count() or 1))
+        self._executor.unsafe_compute_mask_ptr(matchers, host.data_ptr(), self.words * 4, host.shape[0])
+
+
 @dataclass
 class _Call:
     tokens: list[int] = field(default_factory=list)  # after <tool_call>, up to </tool_call>
@@ -238,27 +304,19 @@ class AnswerCalls:
         self.text_tokens = 0  # the answer's tokens before its first call
         self.complete_tokens = 0  # its tokens up to the end of the last complete call
         self._seen = 0
-        self._mask = np.empty(runtime.words, dtype=np.int32)
-        self.spent_s = 0.0  # host time in the grammar (masks, tokens taken, events)
+        self.spent_s = 0.0  # host time taking its tokens (the grammar's state, the calls' events)
 
-    def mask(self) -> np.ndarray | None:
-        """The allowed tokens of the answer's next draw (one bit each), or None: any token. After a call, another
-        one may start only with room for twice the longest so far (at least `MIN_CALL_ROOM` tokens): the answer
-        ends rather than cut a call at its token limit."""
-        started = time.perf_counter()
-        try:
-            return self._mask_now()
-        finally:
-            self.spent_s += time.perf_counter() - started
-
-    def _mask_now(self) -> np.ndarray | None:
+    def constraint(self) -> Constraint | None:
+        """What the answer's next draw may take: the grammar's state in a call, a fixed mask (no call with
+        `tool_choice` none; the answer's end), or None for any token. After a call, another one may start only
+        with room for twice the longest so far (at least `MIN_CALL_ROOM` tokens): the answer ends rather than cut
+        a call at its token limit."""
         if self.matcher is not None and self._seen == self.complete_tokens and self.done:
             room = max(MIN_CALL_ROOM, 2 * max(len(c.tokens) + 2 for c in self.calls))
             if not self.tools.parallel or self.budget - self._seen < room:
                 return self.runtime.end_only
         if self.matcher is not None:
-            self.matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
-            return self._mask
+            return self.matcher
         if self.tools.choice == "none":
             return self.runtime.no_calls
         return None
