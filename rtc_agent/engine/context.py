@@ -546,7 +546,7 @@ class CallContext:
         answer = Answer(self, emit, started, header, self.cache.length - len(header))
         if self.options.tools.tools:
             answer.calls = AnswerCalls(self.core.tool_runtime, self.options.tools, self.options.max_answer_tokens,
-                                       self.core.tokenizer.decode, lambda event: answer.emit(event))
+                                       lambda event: answer.emit(event))
             if (constraint := answer.constraint()) is not None:
                 logits = self.core.pool.masks.apply(logits, self.core.pool.masks.one(constraint))
         self.slot.answer = answer

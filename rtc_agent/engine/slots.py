@@ -257,7 +257,7 @@ class SlotPool:
             def logits(ids: torch.Tensor) -> torch.Tensor:
                 lm = self.core.model.thinker.model.language_model
                 hidden, _ = run_stack(lm, lm.embed_tokens(ids), view, mrope=True, graph_mode=True)
-                return self.masks.apply(self.core.model.thinker.lm_head(hidden[:, -1]), self.masks.device[:rows])
+                return self.core.model.thinker.lm_head(hidden[:, -1])
 
             self._thinker_steps[rows] = CapturedStep(logits, torch.zeros(rows, 1, dtype=torch.long,
                                                                          device=self.core.device),
@@ -301,8 +301,10 @@ class SlotPool:
         stream = self.side_stream if overlap else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             begin_rows(self._view(count), caches, self._step_inputs)
-            self.masks.send(constraints or {})
             logits = step(self._ids.send()[:count])
+            masks = self.masks.send(constraints or {})  # (computed while the GPU runs the step)
+            if masks is not None:
+                logits = self.masks.apply(logits, masks[:count])
             self._tokens.start(choose_rows(logits, [r and r[2] for r in rows], samplings))
         commit_rows(caches)
 

@@ -6,8 +6,8 @@ The model calls a function the Qwen3 way: `<tool_call>`, a newline, `{"name": ..
 (the model's own choice with `tool_choice` "auto"; the answer's first token with "required" or a named function)
 every token is drawn under a mask that llguidance computes from a grammar of exactly that text, with each tool's
 `parameters` schema for its arguments: the arguments always parse and always validate. The mask is one bit per
-token of the vocabulary, applied to the logits inside the Thinker's step (`sampling.apply_token_mask`): data, the
-same kernels whether or not a row is constrained.
+token of the vocabulary, computed while the GPU runs the Thinker's graphed step and applied to its logits right
+after it (`TokenMasks`): data, the same kernels for every row of the batch.
 
 Why llguidance: no dependencies (one abi3 wheel), a JSON Schema and Lark compiler that needs no per-schema token
 tables (a new tool list compiles in about a millisecond), masks in tens of microseconds on a 152k vocabulary, and
@@ -220,34 +220,27 @@ class ToolRuntime:
 
 class TokenMasks:
     """Which tokens each row of the Thinker's batch may draw, one bit per token (llguidance's layout: bit j of word
-    i is token 32 i + j), kept on the device. Every step applies them, all ones for a row without a constraint: a
-    function call's masked row runs the same kernels as a free one, inside the same CUDA graph. The rows in a call
-    have their masks computed by llguidance's thread pool, all at once, straight into the pinned staging buffer."""
+    i is token 32 i + j), for a step with a row in a function call. The step's forward pass is queued first; the
+    rows in a call then have their masks computed by llguidance's threads, all at once, straight into a pinned
+    staging buffer, while the GPU runs that forward pass; the copy and the masking follow it on the stream. Every
+    row of the batch is masked the same way (all ones for a row not in a call): data, not a branch per row."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
         self.words = (vocab + 31) // 32
         self.staging = DeviceCopy((rows, self.words), torch.int32, device)
-        self.staging.host.fill_(-1)
-        self.staging.device.fill_(-1)
         self.shifts = torch.arange(32, dtype=torch.int32, device=device)
-        self._set = False  # some row of the device copy is not all ones
         self._executor: Any = None
-
-    @property
-    def device(self) -> torch.Tensor:
-        return self.staging.device
 
     def apply(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         """`logits` [rows, vocab] with -inf where `words` [rows, words] has a 0 bit."""
         allowed = ((words.unsqueeze(-1) >> self.shifts) & 1).flatten(1)[:, :logits.shape[-1]]
         return logits.masked_fill(allowed == 0, float("-inf"))
 
-    def send(self, constraints: dict[int, Constraint]) -> None:
-        """Queue the copy of the rows' masks (`constraints`: row -> a call's matcher or a fixed mask; every other
-        row all ones) on the current stream, ahead of the step that reads them. Nothing to do when no row is or
-        was constrained."""
-        if not constraints and not self._set:
-            return
+    def send(self, constraints: dict[int, Constraint]) -> torch.Tensor | None:
+        """The rows' masks (`constraints`: row -> a call's matcher or a fixed mask; every other row all ones),
+        their copy queued on the current stream; returns them on the device [rows, words], None without any."""
+        if not constraints:
+            return None
         self.staging.wait_sent()
         host = self.staging.host
         host.fill_(-1)
@@ -259,8 +252,7 @@ class TokenMasks:
                 matchers.append((constraint, row))
         if matchers:
             self._compute(matchers, host)
-        self.staging.send()
-        self._set = bool(constraints)
+        return self.staging.send()
 
     def one(self, constraint: Constraint) -> torch.Tensor:
         """One row's mask on the device [1, words], for a draw outside the batched step (an answer's first)."""
@@ -269,7 +261,7 @@ class TokenMasks:
             host[0] = torch.from_numpy(constraint)
         else:
             self._compute([(constraint, 0)], host)
-        return to_device(host, self.device.device)
+        return to_device(host, self.staging.device.device)
 
     def _compute(self, matchers: list[tuple[Any, int]], host: torch.Tensor) -> None:
         if self._executor is None:
@@ -282,6 +274,7 @@ class TokenMasks:
 @dataclass
 class _Call:
     tokens: list[int] = field(default_factory=list)  # after <tool_call>, up to </tool_call>
+    utf8: bytes = b""  # their text
     name: str | None = None
     sent: int = 0  # characters of its arguments sent as deltas
 
@@ -293,10 +286,9 @@ class AnswerCalls:
     or written) or belongs to a call. Text comes before the first call; once a call opens, the rest of the answer
     is calls (the grammar ends it with <|im_end|>)."""
 
-    def __init__(self, runtime: ToolRuntime, tools: ToolSet, budget: int, decode: Callable[[list[int]], str],
-                 emit: Callable[[Any], None]) -> None:
+    def __init__(self, runtime: ToolRuntime, tools: ToolSet, budget: int, emit: Callable[[Any], None]) -> None:
         """`budget`: the answer's most tokens."""
-        self.runtime, self.tools, self.budget, self.decode, self.emit = runtime, tools, budget, decode, emit
+        self.runtime, self.tools, self.budget, self.emit = runtime, tools, budget, emit
         self.matcher = runtime.matcher(tools, opened=False) if tools.forced else None
         self.calls: list[_Call] = []
         self.done: list[ToolCallDone] = []
@@ -354,7 +346,8 @@ class AnswerCalls:
 
     def _advance(self, call: _Call, token: int) -> None:
         call.tokens.append(token)
-        text = self.decode(call.tokens).lstrip("\n")
+        call.utf8 += self.runtime.tokenizer.decode_bytes([token])
+        text = call.utf8.decode("utf-8", errors="ignore").lstrip("\n")  # (a character split across tokens: later)
         if call.name is None:
             match = re.match(r'\{"name": "([A-Za-z0-9_-]+)", "arguments": ', text)
             if match is None:
@@ -362,13 +355,13 @@ class AnswerCalls:
             call.name = match.group(1)
             self.emit(ToolCallStarted(len(self.calls) - 1, call.name))
         arguments = text[len(CALL_PREFIX) + len(call.name) + len('", "arguments": '):]
-        certain = arguments.rstrip("}\n\ufffd")  # the end may be the call's own closing brace
+        certain = arguments.rstrip("}\n")  # the end may be the call's own closing brace
         if len(certain) > call.sent:
             self.emit(ToolCallArguments(len(self.calls) - 1, certain[call.sent:]))
             call.sent = len(certain)
 
     def _finish(self, call: _Call) -> None:
-        text = self.decode(call.tokens).strip("\n")
+        text = call.utf8.decode("utf-8").strip("\n")
         parsed = json.loads(text)  # the grammar wrote it: it parses
         arguments = text[len(CALL_PREFIX) + len(call.name) + len('", "arguments": '):-1]
         assert json.loads(arguments) == parsed["arguments"] and parsed["name"] == call.name
