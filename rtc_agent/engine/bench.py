@@ -20,7 +20,7 @@ from .kernels import attention, moe, norm, rotary
 from .engine import PREPARE_AFTER_SILENCE_MS, Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, ToolCallDone
 from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions
-from .tools import Tool, ToolSet
+from .tools import AnswerCalls, Tool, ToolSet
 from .graphs import rows_for
 
 FRAME_S = 0.08
@@ -319,16 +319,20 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
         for stream in streams:
             stream.cache.crop(stream.cache.length - 1)
 
-    masks = {}
-    if engine.tool_runtime is not None:  # every row inside a call's arguments, as a constrained step has them
-        matcher = engine.tool_runtime.matcher(ToolSet(BENCH_TOOLS, "set_heating"), opened=False)
-        matcher.consume_tokens(engine.tokenizer.encode('<tool_call>\n{"name": "set_heating", "arguments": {"zone": '))
-        masks = {r: matcher.deep_copy() for r in slots}
+    def token_in_call(calls: dict[int, AnswerCalls]) -> None:
+        """A Thinker token for every row, each row inside a function call: its mask computed during the step,
+        the drawn token taken into its call (a new call once one ends), as an answer's calls go."""
+        pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False,
+                          constraints={r: c.constraint() for r, c in calls.items()})
+        for row, token in enumerate(pool.tokens()):
+            if row in calls and token == engine.ids.im_end:
+                calls[row] = AnswerCalls(engine.tool_runtime, calls[row].tools, 1 << 30, lambda event: None)
+            elif row in calls:
+                calls[row].take(token)
+
     stages = {
         "thinker_token": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False),
                                   pool.tokens()),
-        "thinker_token_masked": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows,
-                                                           overlap=False, constraints=masks), pool.tokens()),
         "talker_step": lambda: (talker.step(stepping, codes, text, options.talker_sampling, noise),
                                 talker.code0_values()),
         "code_predictor_15": lambda: talker.frame_codes(rows, options.predictor_sampling, residual).tolist(),
@@ -340,6 +344,10 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
         for _ in range(stream.context):
             stream.push(codes[0])
     result = {name: _median_ms(engine, stage, repeats) for name, stage in stages.items()}
+    if engine.tool_runtime is not None:  # (over more tokens: a call's first few are forced, their masks cheap)
+        calls = {r: AnswerCalls(engine.tool_runtime, ToolSet(BENCH_TOOLS, "required"), 1 << 30, lambda event: None)
+                 for r in slots}
+        result["thinker_token_in_call"] = _median_ms(engine, lambda: token_in_call(calls), 5 * repeats)
     for context, (thinker_length, talker_length) in zip(contexts, lengths):
         context.cache.crop(thinker_length)
         context.talker.cache.crop(talker_length)
