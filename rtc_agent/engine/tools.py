@@ -152,8 +152,9 @@ def call_grammar(tools: ToolSet, opened: bool, special: dict[str, int] | None = 
     `opened` (the model opened the call itself), else from `<tool_call>` on. `special`: the ids of <tool_call>,
     </tool_call> and <|im_end|> (the released model's by default)."""
     ids = special or {"open": 151657, "close": 151658, "end": 151645}
+    offered = tools.callable or tools.tools  # ("none" calls nothing: then all of them, for the check of their schemas)
     one_of = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": bounded(t.schema)},
-               "required": ["name", "arguments"], "additionalProperties": False} for t in tools.callable]
+               "required": ["name", "arguments"], "additionalProperties": False} for t in offered]
     schema = {**(one_of[0] if len(one_of) == 1 else {"anyOf": one_of}), "x-guidance": JSON_STYLE}
     more = f' ("\\n" <[{ids["open"]}]> call)*' if tools.parallel else ""
     opening = "" if opened else f"<[{ids['open']}]> "
