@@ -235,11 +235,39 @@ def test_function_calls_over_the_websocket_with_the_openai_sdk() -> None:
                         result = (await rec.until("conversation.item.done")).item
                         assert (result.type, result.call_id, result.output) == (
                             "function_call_output", item.call_id, '{"ok": true}')
+                    answered = item.call_id
                     mark = len(rec.events)
                     await conn.response.create()
                     spoken = (await rec.until("response.done")).response
                     assert spoken.status == "completed" and [item.type for item in spoken.output] == ["message"]
                     assert rec.audio(mark)
+
+                # a response cancelled at its first piece of arguments: a call it had finished is reported (it is
+                # in the history), a call cut while being written ends incomplete, with no .done and no output
+                await conn.session.update(session={"type": "realtime", "tool_choice": "required"})
+                await rec.until("session.updated")
+                mark = len(rec.events)
+                await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "Warmer in the front, please."}]})
+                await conn.response.create()
+                await rec.until("response.function_call_arguments.delta")
+                await conn.response.cancel()
+                cut = (await rec.until("response.done")).response
+                if cut.status == "completed":  # (it was over before the cancel came)
+                    assert (await rec.until("error")).error.code == "response_cancel_not_active"
+                assert cut.output and all(item.type == "function_call" for item in cut.output)
+                finished = {e.call_id: e.arguments for e in rec.of("response.function_call_arguments.done", mark)}
+                for item in cut.output:
+                    assert item.status in ("completed", "incomplete")
+                    assert (item.status == "completed") == (item.call_id in finished)
+                    if item.status == "completed":
+                        valid_call(item.name, finished[item.call_id])
+                    else:
+                        await conn.conversation.item.create(item={"type": "function_call_output",
+                                                                  "call_id": item.call_id, "output": "{}"})
+                        assert (await rec.until("error")).error.code == "invalid_value"
+                await conn.session.update(session={"type": "realtime", "tool_choice": "auto"})
+                await rec.until("session.updated")
 
                 # what cannot be done gets an error naming its field, and changes nothing
                 for session, code, param in [
@@ -255,7 +283,7 @@ def test_function_calls_over_the_websocket_with_the_openai_sdk() -> None:
                 await conn.conversation.item.create(item={"type": "function_call_output", "call_id": "call_made_up",
                                                           "output": "{}"})
                 assert (await rec.until("error")).error.code == "invalid_value"
-                await conn.conversation.item.create(item={"type": "function_call_output", "call_id": item.call_id,
+                await conn.conversation.item.create(item={"type": "function_call_output", "call_id": answered,
                                                           "output": "{}"})  # it has its output already
                 assert (await rec.until("error")).error.code == "invalid_value"
                 await conn.session.update(session={"type": "realtime"})

@@ -172,10 +172,11 @@ class _Call:
     arguments: str = ""  # as much as has come
     done: bool = False  # the arguments are whole (a call cut before its end never is: the engine dropped it)
 
-    def item(self) -> dict[str, Any]:
-        return {"id": self.item_id, "object": "realtime.item", "type": "function_call",
-                "status": "completed" if self.done else "in_progress", "call_id": self.call_id, "name": self.name,
-                "arguments": self.arguments}
+    def item(self, over: bool = False) -> dict[str, Any]:
+        """Its item; `over`: its response is over (a call not done by then was cut)."""
+        status = "completed" if self.done else ("incomplete" if over else "in_progress")
+        return {"id": self.item_id, "object": "realtime.item", "type": "function_call", "status": status,
+                "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
 
 
 @dataclasses.dataclass
@@ -404,9 +405,8 @@ class RealtimeEvents:
             output[r.output_index] = self._item(r, "completed" if status == "completed" else "incomplete")
             self._close_item(r, output[r.output_index], r.output_index, r.previous_item_id)
         for call in r.calls.values():
-            output[call.output_index] = call.item()
+            output[call.output_index] = call.item(over=True)
             if not call.done:  # cut while it was being written: it is not in the conversation
-                output[call.output_index]["status"] = "incomplete"
                 self._close_item(r, output[call.output_index], call.output_index, call.previous_item_id)
         details = None
         if status == "cancelled":
