@@ -24,6 +24,7 @@ import enum
 import itertools
 import logging
 import math
+import secrets
 import time
 from typing import Any, AsyncIterator, Callable, Protocol
 
@@ -31,7 +32,9 @@ import numpy as np
 
 from .config import TurnSettings
 from .engine import PREPARE_AFTER_SILENCE_MS, EngineOutOfMemory
-from .engine.events import ResponseDone, SpeechFrame, TextDelta
+from .engine.events import (Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
+                            ToolCallStarted)
+from .engine.tools import ToolSet
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
 from .media.outbound import PACKET_S, AnswerOutput, Playout
 from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
@@ -47,9 +50,10 @@ class EngineSession(Protocol):
     async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None) -> None: ...
     async def push_image(self, image: np.ndarray, at: float) -> None: ...
     async def push_text(self, text: str) -> None: ...
+    async def push_tool_output(self, output: str) -> None: ...
     async def abort_turn(self) -> None: ...
     async def flush(self) -> None: ...
-    def respond(self) -> AsyncIterator[TextDelta | SpeechFrame | ResponseDone]: ...
+    def respond(self) -> AsyncIterator[Event]: ...
     async def cancel(self, frames_played: int) -> None: ...
     async def limit_video(self, window_s: int) -> int | None: ...
     def update(self, **changes: Any) -> None: ...
@@ -76,6 +80,16 @@ class Audio:
 
 
 @dataclasses.dataclass
+class FunctionCall:
+    """A function call of an answer, as the client is told of it."""
+
+    call_id: str
+    name: str
+    arguments: str = ""  # what was sent of its arguments so far
+    done: bool = False  # its whole arguments were sent
+
+
+@dataclasses.dataclass
 class Answer:
     id: str
     turn_end_at: float  # time.monotonic() when the turn was over (hang-over elapsed, or commit)
@@ -86,6 +100,7 @@ class Answer:
     first_text_at: float | None = None  # when its first text went out
     cancelled: bool = False
     text_only: bool = False  # written, not spoken: its text goes out as response.output_text.*
+    calls: list[FunctionCall] = dataclasses.field(default_factory=list)  # in the engine's order (its `index`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +112,11 @@ class PushImage:
 @dataclasses.dataclass(frozen=True)
 class PushText:
     text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PushToolOutput:
+    output: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +134,8 @@ class AbortTurn:
     pass
 
 
-EngineCall = Audio | PushImage | PushText | TrimAnswer | PrepareAnswer | AbortTurn | Answer  # the worker's queue
+# the worker's queue
+EngineCall = Audio | PushImage | PushText | PushToolOutput | TrimAnswer | PrepareAnswer | AbortTurn | Answer
 
 
 class Conversation:
@@ -133,6 +154,7 @@ class Conversation:
         self.session = session
         self.speech_available = speech  # False: the engine has no Talker (--no-talker); every answer is text
         self.text_only = not speech  # this call's answers are text (session.update's output_modalities)
+        self.tools = ToolSet()  # the functions the model may call (session.update's tools and tool_choice)
         self.track = track
         self.turn = turn
         self.state = State.LISTENING
@@ -157,6 +179,7 @@ class Conversation:
         self._answer: Answer | None = None  # the answer being thought or spoken
         self._active_at = time.monotonic()  # when the caller last spoke or the last answer ended
         self._ids = itertools.count(1)
+        self._call_ids: dict[str, bool] = {}  # the calls the answers made: whether each has its output yet
         self._ops: asyncio.Queue[EngineCall] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -326,6 +349,20 @@ class Conversation:
         self._input_waiting = True
         self._ops.put_nowait(PushText(text))
 
+    def add_tool_output(self, call_id: str, output: str) -> None:
+        """A function_call_output: what the application's function returned for `call_id`, a call an answer of
+        this conversation made. It joins the caller's turn, in the order outputs come; `create_response` goes on
+        from it. Each call takes one output."""
+        answered = self._call_ids.get(call_id)
+        if answered is None:
+            raise ConversationError("invalid_value", f"call_id {call_id[:64]!r} is not a function call of this "
+                                                     "conversation")
+        if answered:
+            raise ConversationError("invalid_value", f"the call {call_id[:64]!r} already has its output")
+        self._call_ids[call_id] = True
+        self._input_waiting = True
+        self._ops.put_nowait(PushToolOutput(output))
+
     def create_response(self) -> None:
         """response.create: answer now, taking the speech in progress (committed now) and what was committed or
         typed since the last answer."""
@@ -365,19 +402,23 @@ class Conversation:
             raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
 
     def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None,
-               text_only: bool | None = None) -> None:
-        """session.update; the voice, instructions and output (`text_only`) apply from the next answer
-        (ValueError on bad values)."""
-        changes: dict[str, Any] = {k: v for k, v in (("voice", voice), ("instructions", instructions)) if v is not None}
+               text_only: bool | None = None, tools: ToolSet | None = None) -> None:
+        """session.update; the voice, instructions, output (`text_only`) and tools apply from the next answer
+        (ValueError on bad values: then nothing changes)."""
+        changes: dict[str, Any] = {k: v for k, v in (("voice", voice), ("instructions", instructions), ("tools", tools))
+                                   if v is not None}
         if turn is not None and turn.auto and turn.turn_detection == "semantic_vad" and self._scorer is None:
             raise ValueError(NO_SEMANTIC_VAD)
         if text_only is False and not self.speech_available:
             raise ValueError(NO_SPEECH)
         if text_only is not None:
-            self.text_only = text_only
             changes["speech"] = not text_only
         if changes:
             self.session.update(**changes)
+        if text_only is not None:
+            self.text_only = text_only
+        if tools is not None:
+            self.tools = tools
         if turn is not None:
             self._use_turn_settings(turn)
             self._detector.min_speech_ms = turn.barge_in_ms if self._answer else turn.min_speech_ms
@@ -453,6 +494,9 @@ class Conversation:
                         playout.push(event.samples)
                         if self.state == State.THINKING:
                             self._set_state(State.SPEAKING)
+                elif isinstance(event, (ToolCallStarted, ToolCallArguments, ToolCallDone)):
+                    if not answer.cancelled:
+                        self._call_event(answer, event)
                 elif isinstance(event, ResponseDone):
                     done = event
             playout.finish()
@@ -486,9 +530,12 @@ class Conversation:
         }
         status = "failed" if error else ("cancelled" if interrupted else "completed")
         text = done.text if done else ""
+        for call in done.tool_calls if done else ():  # those still unsaid (made after a cut): all complete calls
+            self._call_event(answer, call)  # are in the history, so the application must know of them
         modalities = ["text"] if answer.text_only else ["audio"]
+        calls = [{"call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in answer.calls if c.done]
         response = {"id": answer.id, "status": status, "interrupted": interrupted, "metrics": metrics,
-                    "output_modalities": modalities, "transcript": text}
+                    "output_modalities": modalities, "transcript": text, "function_calls": calls}
         if answer.text_only:
             self._emit("response.output_text.done", response_id=answer.id, text=text)
         self._emit("response.done", response=response)
@@ -507,6 +554,27 @@ class Conversation:
                     self._confirm_turn()
         if self._answer is None and self.state == State.INTERRUPTED:
             self._set_state(State.LISTENING)
+
+    def _call_event(self, answer: Answer, event: ToolCallStarted | ToolCallArguments | ToolCallDone) -> None:
+        """A function call's progress, as `response.function_call_arguments.delta` and `.done` events (a call cut
+        before its end gets no `.done`: the engine drops it)."""
+        if isinstance(event, ToolCallStarted) or (isinstance(event, ToolCallDone) and event.index == len(answer.calls)):
+            answer.calls.append(FunctionCall(f"call_{secrets.token_hex(12)}", event.name))  # (its start was unsaid)
+        if isinstance(event, ToolCallStarted):
+            return
+        call = answer.calls[event.index]
+        if call.done:
+            return
+        delta = event.delta if isinstance(event, ToolCallArguments) else event.arguments[len(call.arguments):]
+        if delta:
+            call.arguments += delta
+            self._emit("response.function_call_arguments.delta", response_id=answer.id, call_id=call.call_id,
+                       name=call.name, delta=delta)
+        if isinstance(event, ToolCallDone):
+            call.done = True
+            self._call_ids[call.call_id] = False
+            self._emit("response.function_call_arguments.done", response_id=answer.id, call_id=call.call_id,
+                       name=call.name, arguments=call.arguments)
 
     # ---- the engine worker --------------------------------------------------------------------------------
     async def _work(self) -> None:
@@ -529,6 +597,8 @@ class Conversation:
                         await self._push_image(image, at)
                     case PushText(text):
                         await self.session.push_text(text)
+                    case PushToolOutput(output):
+                        await self.session.push_tool_output(output)
                     case TrimAnswer(frames_heard):
                         await self.session.cancel(frames_heard)
                     case PrepareAnswer():

@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -55,13 +56,40 @@ def speech_end(samples: np.ndarray) -> int:
     return speech_spans(samples)[-1][1]
 
 
-@functools.lru_cache(maxsize=1)
-def engine() -> Any:
+@functools.lru_cache(maxsize=None)
+def engine(max_answer_tokens: int = 32) -> Any:
     """The built-in tiny model, loaded once per test process and shared (as sessions share it in the server).
-    Answers are kept short so that a test turn takes about a second."""
+    Answers are kept short so that a test turn takes about a second; a function call needs more tokens
+    (CALL_TOKENS: the babbling model fills a string up to its 256-character bound)."""
     from rtc_agent.engine import Engine, EngineOptions
 
-    return Engine.load(EngineOptions(model="tiny", device="cpu", max_answer_tokens=32))
+    return Engine.load(EngineOptions(model="tiny", device="cpu", max_answer_tokens=max_answer_tokens))
+
+
+CALL_TOKENS = 256  # engine(CALL_TOKENS): answers long enough for any call (the engine's default limit)
+# Two functions for the tests of calls, as the Realtime API's session.tools lists them: an enum and a bounded
+# integer; an array of bounded strings and a boolean
+TOOLS = [
+    {"type": "function", "name": "set_heating", "description": "Set the seat heating of one row of the car.",
+     "parameters": {"type": "object", "properties": {
+         "zone": {"type": "string", "enum": ["front", "back"]},
+         "level": {"type": "integer", "minimum": 0, "maximum": 5}}, "required": ["zone", "level"]}},
+    {"type": "function", "name": "add_to_list", "description": "Add items to the shopping list.",
+     "parameters": {"type": "object", "properties": {
+         "items": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 20}, "minItems": 1,
+                   "maxItems": 3},
+         "urgent": {"type": "boolean"}}, "required": ["items"]}},
+]
+
+
+def valid_call(name: str, arguments: str) -> dict[str, Any]:
+    """A call's arguments, parsed, once checked against its tool's schema in TOOLS by jsonschema (a validator
+    that is not ours)."""
+    import jsonschema
+
+    parsed = json.loads(arguments)
+    jsonschema.validate(parsed, next(t["parameters"] for t in TOOLS if t["name"] == name))
+    return parsed
 
 
 class RecordingSession:

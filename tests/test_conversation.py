@@ -14,13 +14,15 @@ import pytest
 from rtc_agent.config import TurnSettings
 from rtc_agent.conversation import Conversation, ConversationError, State
 from rtc_agent.engine import SessionOptions
+from rtc_agent.engine.tools import Tool, ToolSet
 from rtc_agent.media.outbound import OutboundAudioTrack
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES
-from rtc_support import RecordingSession, engine, run
+from rtc_support import CALL_TOKENS, TOOLS, RecordingSession, engine, run, valid_call
 
 pytestmark = pytest.mark.timeout(120)
 TURN = TurnSettings(turn_detection="server_vad", silence_ms=10 * CHUNK_MS, min_speech_ms=4 * CHUNK_MS,
                     barge_in_ms=8 * CHUNK_MS, prefix_padding_ms=3 * CHUNK_MS)
+SHORT = SessionOptions(max_frames=6, max_answer_tokens=8)
 
 
 class Script:
@@ -33,11 +35,12 @@ class Script:
         return self.p
 
 
-async def started(turn: TurnSettings = TURN) -> tuple[Conversation, Script, list[dict[str, Any]], asyncio.Task]:
+async def started(turn: TurnSettings = TURN, options: SessionOptions = SHORT, answer_tokens: int = 32
+                  ) -> tuple[Conversation, Script, list[dict[str, Any]], asyncio.Task]:
     events: list[dict[str, Any]] = []
     script = Script()
     track = OutboundAudioTrack()
-    session = RecordingSession(engine().new_session(SessionOptions(max_frames=6, max_answer_tokens=8)))
+    session = RecordingSession(engine(answer_tokens).new_session(options))
     conv = Conversation(session, track, events.append, script, turn)
 
     async def play() -> None:  # what aiortc's sender does: ask for packets forever
@@ -208,3 +211,59 @@ def test_a_frame_the_engine_refuses_is_one_error_event_and_the_call_goes_on() ->
             await conv.close()
 
     run(main())
+
+
+def test_a_cut_answer_reports_its_whole_calls_and_never_a_cut_one() -> None:
+    """An answer of calls cut at its first piece of arguments, or just after its first whole call: response.done
+    lists exactly the calls that are whole (they are in the engine's history), each with its `.done` and all its
+    argument deltas, valid against its schema; a call cut before its end gets no `.done` and takes no output. The
+    outputs of the whole calls go back, once each; the next answer is spoken. Four seeds."""
+    tools = tuple(Tool.function(t["name"], t["description"], t["parameters"]) for t in TOOLS)
+
+    async def main() -> None:
+        for seed in range(4):
+            cut_at = "response.function_call_arguments.delta" if seed % 2 else "response.function_call_arguments.done"
+            conv, _, events, player = await started(options=SessionOptions(seed=seed, max_frames=6),
+                                                    answer_tokens=CALL_TOKENS)
+            try:
+                conv.update(None, None, None, tools=ToolSet(tools, "required"))
+                conv.add_text("Turn up the heating in the back and add milk to my list.")
+                conv.create_response()
+                await until(events, cut_at)
+                if conv.answering:  # (it may have been made already: then nothing is cut)
+                    conv.cancel_response()
+                done = (await until(events, "response.done"))["response"]
+                calls = {c["call_id"]: c for c in done["function_calls"]}
+                if cut_at.endswith("done"):
+                    assert calls
+                deltas: dict[str, str] = {}
+                for e in events:
+                    if e["type"] == "response.function_call_arguments.delta":
+                        deltas[e["call_id"]] = deltas.get(e["call_id"], "") + e["delta"]
+                finished = [(e["call_id"], e["name"], e["arguments"]) for e in events
+                            if e["type"] == "response.function_call_arguments.done"]
+                assert finished == [(c["call_id"], c["name"], c["arguments"]) for c in calls.values()]
+                for c in calls.values():
+                    valid_call(c["name"], c["arguments"])
+                    assert deltas[c["call_id"]] == c["arguments"]
+                for call_id in set(deltas) - set(calls):  # cut while it was being written
+                    with pytest.raises(ConversationError):
+                        conv.add_tool_output(call_id, "{}")
+
+                conv.update(None, None, None, tools=ToolSet(tools, "none"))
+                for call_id in calls:
+                    conv.add_tool_output(call_id, '{"ok": true}')
+                    with pytest.raises(ConversationError):
+                        conv.add_tool_output(call_id, '{"ok": true}')  # one output per call
+                if not calls:
+                    conv.add_text("Never mind.")
+                events.clear()
+                conv.create_response()
+                spoken = (await until(events, "response.done"))["response"]
+                assert spoken["status"] == "completed" and spoken["metrics"]["frames_sent"] > 0
+                assert not spoken["function_calls"] and not [e for e in events if "function_call" in e["type"]]
+            finally:
+                player.cancel()
+                await conv.close()
+
+    run(main(), timeout_s=200)

@@ -24,7 +24,7 @@ from rtc_agent.server.realtime_http import ClientSecrets
 from rtc_agent.server.state import STATE
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import LOOPBACK, needs_espeak, run, server, speech, wait_ready
+from rtc_support import CALL_TOKENS, LOOPBACK, TOOLS, engine, needs_espeak, run, server, speech, valid_call, wait_ready
 
 openai = pytest.importorskip("openai")
 pytestmark = [needs_espeak, pytest.mark.timeout(240)]
@@ -174,6 +174,121 @@ def test_websocket_with_the_openai_sdk_speech_text_cancel_barge_in_and_errors() 
 
                 ids = [e.event_id for e in rec.events]
                 assert all(isinstance(i, str) and i.startswith("event_") for i in ids) and len(set(ids)) == len(ids)
+
+    run(main(), timeout_s=200)
+
+
+def test_function_calls_over_the_websocket_with_the_openai_sdk() -> None:
+    """Two tools; a call required (or a named one) for each question: the call is a function_call item whose
+    arguments parse and validate against its schema, streamed as argument deltas; its output goes back and the
+    answer goes on, spoken. Three questions on one socket: three draws of the babbling model."""
+    async def main() -> None:
+        async with server(engine_=engine(CALL_TOKENS), max_answer_s=2.0) as (url, _):
+            await wait_ready(url)
+            async with clients(url, "any-key").realtime.connect(model="tiny") as conn:
+                rec = Recorder(conn)
+                await rec.until("session.created")
+                await conn.session.update(session={"type": "realtime", "tools": TOOLS, "tool_choice": "required",
+                                                   "audio": {"input": {"turn_detection": None}}})
+                updated = (await rec.until("session.updated")).session
+                assert [t.name for t in updated.tools] == ["set_heating", "add_to_list"]
+                assert updated.tools[0].parameters == TOOLS[0]["parameters"] and updated.tool_choice == "required"
+                for question, choice in [("Turn up the heating in the back.", "required"),
+                                         ("Add milk and eggs to my list.", {"type": "function", "name": "add_to_list"}),
+                                         ("Make it warmer and buy bread.", "required")]:
+                    await conn.session.update(session={"type": "realtime", "tool_choice": choice})
+                    chosen = (await rec.until("session.updated")).session.tool_choice
+                    assert (chosen if isinstance(chosen, str) else chosen.model_dump()) == choice
+                    mark = len(rec.events)
+                    await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                        {"type": "input_text", "text": question}]})
+                    await conn.response.create()
+                    done = (await rec.until("response.done")).response
+                    assert done.status == "completed" and done.output
+                    assert all(item.type == "function_call" for item in done.output)  # no empty message
+                    assert not rec.audio(mark) and not rec.of("response.output_audio_transcript.delta", mark)
+                    added = rec.of("response.output_item.added", mark)
+                    assert [e.output_index for e in added] == list(range(len(done.output)))
+                    assert [e.item.id for e in added] == [item.id for item in done.output]
+                    for item in done.output:
+                        assert item.status == "completed" and item.call_id.startswith("call_")
+                        if choice != "required":
+                            assert item.name == "add_to_list"
+                        valid_call(item.name, item.arguments)
+                        deltas = [e for e in rec.of("response.function_call_arguments.delta", mark)
+                                  if e.item_id == item.id]
+                        assert deltas and "".join(e.delta for e in deltas) == item.arguments
+                        assert {(e.call_id, e.response_id) for e in deltas} == {(item.call_id, done.id)}
+                        finished = [e for e in rec.of("response.function_call_arguments.done", mark)
+                                    if e.item_id == item.id]
+                        assert [(e.call_id, e.name, e.arguments) for e in finished] == [
+                            (item.call_id, item.name, item.arguments)]
+                        assert [e.item for e in rec.of("response.output_item.done", mark)
+                                if e.item.id == item.id] == [item]
+
+                    # the results go back, and the answer goes on: spoken (tool_choice "auto": it may speak)
+                    await conn.session.update(session={"type": "realtime", "tool_choice": "auto"})
+                    await rec.until("session.updated")
+                    for item in done.output:
+                        await conn.conversation.item.create(item={"type": "function_call_output",
+                                                                  "call_id": item.call_id, "output": '{"ok": true}'})
+                        result = (await rec.until("conversation.item.done")).item
+                        assert (result.type, result.call_id, result.output) == (
+                            "function_call_output", item.call_id, '{"ok": true}')
+                    answered = item.call_id
+                    mark = len(rec.events)
+                    await conn.response.create()
+                    spoken = (await rec.until("response.done")).response
+                    assert spoken.status == "completed" and [item.type for item in spoken.output] == ["message"]
+                    assert rec.audio(mark)
+
+                # a response cancelled at its first piece of arguments: a call it had finished is reported (it is
+                # in the history), a call cut while being written ends incomplete, with no .done and no output
+                await conn.session.update(session={"type": "realtime", "tool_choice": "required"})
+                await rec.until("session.updated")
+                mark = len(rec.events)
+                await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "Warmer in the front, please."}]})
+                await conn.response.create()
+                await rec.until("response.function_call_arguments.delta")
+                await conn.response.cancel()
+                cut = (await rec.until("response.done")).response
+                if cut.status == "completed":  # (it was over before the cancel came)
+                    assert (await rec.until("error")).error.code == "response_cancel_not_active"
+                assert cut.output and all(item.type == "function_call" for item in cut.output)
+                finished = {e.call_id: e.arguments for e in rec.of("response.function_call_arguments.done", mark)}
+                for item in cut.output:
+                    assert item.status in ("completed", "incomplete")
+                    assert (item.status == "completed") == (item.call_id in finished)
+                    if item.status == "completed":
+                        valid_call(item.name, finished[item.call_id])
+                    else:
+                        await conn.conversation.item.create(item={"type": "function_call_output",
+                                                                  "call_id": item.call_id, "output": "{}"})
+                        assert (await rec.until("error")).error.code == "invalid_value"
+                await conn.session.update(session={"type": "realtime", "tool_choice": "auto"})
+                await rec.until("session.updated")
+
+                # what cannot be done gets an error naming its field, and changes nothing
+                for session, code, param in [
+                        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "unsupported_value", "session.tools"),
+                        ({"tools": [{"type": "function", "name": "f", "parameters": {
+                            "type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}]},
+                         "invalid_value", "session.tools"),
+                        ({"tool_choice": {"type": "function", "name": "order_pizza"}}, "invalid_value",
+                         "session.tool_choice")]:
+                    await conn.session.update(session={"type": "realtime", **session})
+                    error = (await rec.until("error")).error
+                    assert (error.code, error.param) == (code, param), error
+                await conn.conversation.item.create(item={"type": "function_call_output", "call_id": "call_made_up",
+                                                          "output": "{}"})
+                assert (await rec.until("error")).error.code == "invalid_value"
+                await conn.conversation.item.create(item={"type": "function_call_output", "call_id": answered,
+                                                          "output": "{}"})  # it has its output already
+                assert (await rec.until("error")).error.code == "invalid_value"
+                await conn.session.update(session={"type": "realtime"})
+                same = (await rec.until("session.updated")).session
+                assert [t.name for t in same.tools] == ["set_heating", "add_to_list"] and same.tool_choice == "auto"
 
     run(main(), timeout_s=200)
 

@@ -12,8 +12,8 @@ from rtc_agent.client.microphone import Microphone
 from rtc_agent.client.peer import Call
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import (RecordingEngine, caller, metric, metrics_text, needs_espeak, run, say, server,
-                         wait_ready)
+from rtc_support import (CALL_TOKENS, TOOLS, RecordingEngine, caller, engine, metric, metrics_text, needs_espeak,
+                         run, say, server, valid_call, wait_ready)
 
 pytestmark = [needs_espeak, pytest.mark.timeout(180)]
 
@@ -141,6 +141,74 @@ def test_push_to_talk_commit_and_bad_messages() -> None:
             done = (await call.next_event("response.done", timeout_s=30))["response"]
             assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
             assert len(call.events_of("error")) == 6  # nothing else went wrong along the way
+
+    run(main())
+
+
+def test_function_calls_on_the_events_channel() -> None:
+    """Our protocol: tools in session.update; a spoken question answered by a call (tool_choice "required"),
+    streamed as argument deltas, valid against its schema and not spoken; its output and response.create bring
+    the spoken answer. Two questions: two draws of the babbling model. Bad tool messages get an error each and
+    change nothing."""
+    async def main() -> None:
+        async with server(engine_=engine(CALL_TOKENS), max_answer_s=2.0) as (url, _), caller(url) as (call, mic):
+            await call.next_event("session.created", timeout_s=10)
+            call.send({"type": "session.update", "session": {"tools": TOOLS, "tool_choice": "required"}})
+            updated = (await call.next_event("session.updated", timeout_s=10))["session"]
+            assert updated["tools"] == TOOLS and updated["tool_choice"] == "required"
+            assert updated["parallel_tool_calls"] is True
+
+            for bad, code in [
+                    ({"type": "session.update", "session": {"tools": [{"type": "file_search"}]}}, "unsupported_value"),
+                    ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f", "parameters": {
+                        "type": "object", "properties": {"n": {"type": "integr"}}}}]}},
+                     "invalid_value"),
+                    ({"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "nope"}}},
+                     "invalid_value"),
+                    ({"type": "session.update", "session": {"parallel_tool_calls": "yes"}}, "invalid_value"),
+                    ({"type": "conversation.item.create", "item": {"type": "function_call_output",
+                                                                   "call_id": "call_nope", "output": "{}"}},
+                     "invalid_value"),
+                    ({"type": "conversation.item.create", "item": {"type": "function_call_output",
+                                                                   "call_id": "call_nope", "output": {"ok": 1}}},
+                     "invalid_value"),
+                    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user"}},
+                     "invalid_value"),
+                    ({"type": "response.create"}, "response_create_empty")]:
+                call.send(bad)
+                assert (await call.next_event("error", timeout_s=10))["error"]["code"] == code, bad
+            call.send({"type": "session.update", "session": {}})
+            same = (await call.next_event("session.updated", timeout_s=10))["session"]
+            assert (same["tools"], same["tool_choice"]) == (TOOLS, "required")
+
+            for question in ("Turn up the heating in the back seats.", "Add milk to my shopping list."):
+                call.send({"type": "session.update", "session": {"tool_choice": "required"}})
+                await call.next_event("session.updated", timeout_s=10)
+                mark = len(call.events)
+                await say(call, mic, question)
+                done = (await call.next_event("response.done", timeout_s=60))["response"]
+                assert done["status"] == "completed" and done["function_calls"]
+                assert done["metrics"]["frames"] == 0 and not done["transcript"]  # a call is not spoken
+                events = [e for _, e in call.events[mark:]]
+                for c in done["function_calls"]:
+                    valid_call(c["name"], c["arguments"])
+                    deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"
+                              and e["call_id"] == c["call_id"]]
+                    assert "".join(deltas) == c["arguments"]
+                    assert [(e["response_id"], e["name"], e["arguments"]) for e in events
+                            if e["type"] == "response.function_call_arguments.done"
+                            and e["call_id"] == c["call_id"]] == [(done["id"], c["name"], c["arguments"])]
+
+                call.send({"type": "session.update", "session": {"tool_choice": "none"}})
+                await call.next_event("session.updated", timeout_s=10)
+                for c in done["function_calls"]:
+                    call.send({"type": "conversation.item.create", "item": {
+                        "type": "function_call_output", "call_id": c["call_id"], "output": '{"done": true}'}})
+                call.send({"type": "response.create"})
+                spoken = (await call.next_event("response.done", timeout_s=60))["response"]
+                assert spoken["status"] == "completed" and not spoken["function_calls"]
+                assert spoken["metrics"]["frames_sent"] > 0
+            assert len(call.events_of("error")) == 8  # nothing else went wrong along the way
 
     run(main())
 

@@ -8,10 +8,11 @@ from aiohttp import web
 class ProtocolError(Exception):
     """Bad input from a client: becomes an HTTP 400 or an `error` event; nothing else changes."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.param = param  # the field at fault, where one is (the Realtime API's errors name it)
 
 
 class ApiError(Exception):

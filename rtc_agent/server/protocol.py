@@ -5,15 +5,20 @@ Names follow the OpenAI Realtime API where one fits (see README.md, "The contrac
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import EAGERNESS_LEVELS, VOICES, TurnSettings
+from ..engine.tools import CHOICES, MAX_TOOLS, Tool, ToolSet
 from . import json_input
 from .errors import ProtocolError
 from .sdp_offer import check_offer
 
 MAX_INSTRUCTIONS = 8000
+MAX_TOOL_OUTPUT = 8000  # characters of a function's result (it joins the context as the caller's words do)
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_NUMBER = 1e9  # no setting is anywhere near this; it keeps NaN, infinities and 400-digit integers out
 
@@ -32,6 +37,55 @@ class SessionUpdate:
     instructions: str | None
     turn: TurnSettings | None  # None: unchanged
     text_only: bool | None = None  # output_modalities ["text"]: True, ["audio"]: False; None: unchanged
+    tools: tuple[Tool, ...] | None = None  # None (here and below): unchanged
+    tool_choice: str | None = None  # auto, none, required or a tool's name
+    parallel_tool_calls: bool | None = None
+
+    def tool_set(self, current: ToolSet) -> ToolSet | None:
+        """The session's tools after this update (None: unchanged); ProtocolError for a combination the engine
+        cannot take (a tool_choice naming no tool, parameters llguidance cannot enforce)."""
+        if (self.tools, self.tool_choice, self.parallel_tool_calls) == (None, None, None):
+            return None
+        tools = current.tools if self.tools is None else self.tools
+        choice = current.choice if self.tool_choice is None else self.tool_choice
+        parallel = current.parallel if self.parallel_tool_calls is None else self.parallel_tool_calls
+        if choice not in CHOICES and choice not in {t.name for t in tools}:
+            raise ProtocolError("invalid_value", f"tool_choice names {choice[:64]!r}, which is not one of the "
+                                                 "session's tools", "session.tool_choice")
+        if choice == "required" and not tools:
+            raise ProtocolError("invalid_value", 'tool_choice "required" needs at least one tool',
+                                "session.tool_choice")
+        try:
+            return ToolSet(tools, choice, parallel)
+        except ValueError as exc:
+            raise ProtocolError("invalid_value", _tools_error(tools, exc), "session.tools") from None
+
+
+def _tools_error(tools: tuple[Tool, ...], error: ValueError) -> str:
+    """ToolSet's complaint, naming the tool at fault where there is one, without llguidance's listing of the
+    grammar it was compiling."""
+    where = "tools"
+    for n, tool in enumerate(tools):
+        try:
+            ToolSet((tool,))
+        except ValueError as exc:
+            where, error = f"tools[{n}] ({tool.name})", exc
+            break
+    text = "\n".join(itertools.takewhile(lambda line: not re.match(r"\s*\d+ \| ", line), str(error).splitlines()))
+    return (where + ": " + re.sub(r"at \d+\(\d+\): ", "", text).strip())[:1000]
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A function_call_output: what the application's function returned for one of the answers' calls."""
+
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True)
+class CreateResponse:
+    pass
 
 
 @dataclass(frozen=True)
@@ -44,7 +98,7 @@ class CancelResponse:
     pass
 
 
-ClientMessage = SessionUpdate | Commit | CancelResponse
+ClientMessage = SessionUpdate | Commit | CancelResponse | ToolOutput | CreateResponse
 
 
 def _voice(value: Any) -> str | None:
@@ -60,10 +114,16 @@ def text_value(value: Any, name: str, max_chars: int) -> str:
     surrogates such as "\\ud800", which no tokenizer can encode)."""
     if not isinstance(value, str) or len(value) > max_chars:
         raise ProtocolError("invalid_value", f"{name} must be a string of at most {max_chars} characters")
+    return unicode_text(value, name)
+
+
+def unicode_text(value: str, name: str, param: str | None = None) -> str:
+    """`value`, refused if it is not valid Unicode (a lone surrogate)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ProtocolError("invalid_value", f"{name} holds a lone surrogate: it is not valid Unicode text") from None
+        raise ProtocolError("invalid_value", f"{name} holds a lone surrogate: it is not valid Unicode text",
+                            param) from None
     return value
 
 
@@ -81,6 +141,76 @@ def _text_only(value: Any) -> bool:
 
 def _instructions(value: Any) -> str | None:
     return None if value is None else text_value(value, "instructions", MAX_INSTRUCTIONS)
+
+
+def _tools(value: Any) -> tuple[Tool, ...]:
+    """`tools`: function tools as the Realtime API (GA) lists them."""
+    if not isinstance(value, list) or len(value) > MAX_TOOLS:
+        raise ProtocolError("invalid_value", f"tools must be a list of at most {MAX_TOOLS} functions", "session.tools")
+    tools = []
+    for n, tool in enumerate(value):
+        where = f"tools[{n}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = json.dumps(tool.get("type") if isinstance(tool, dict) else tool)[:40]
+            raise ProtocolError("unsupported_value", f'{where}: a tool of type {kind} is not supported by this '
+                                                     'server (function tools are: {"type": "function", "name", '
+                                                     '"description"?, "parameters"?})', "session.tools")
+        unknown = set(tool) - {"type", "name", "description", "parameters"}
+        if unknown:
+            raise ProtocolError("unknown_parameter", f"{where}.{sorted(unknown)[0]} is not a function tool's field",
+                                "session.tools")
+        unicode_text(json.dumps(tool, ensure_ascii=False), where, "session.tools")
+        try:
+            tools.append(Tool.function(tool.get("name"), tool.get("description") or "", tool.get("parameters")))
+        except ValueError as exc:
+            raise ProtocolError("invalid_value", f"{where}: {exc}", "session.tools") from None
+    return tuple(tools)
+
+
+def _tool_choice(value: Any) -> str:
+    """`tool_choice`: "auto", "none", "required", or {"type": "function", "name"} -> ToolSet's `choice`."""
+    if value in CHOICES:
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" and set(value) == {"type", "name"} \
+            and isinstance(value["name"], str):
+        return value["name"]
+    raise ProtocolError("invalid_value", 'tool_choice must be "auto", "none", "required" or {"type": "function", '
+                                         '"name": ...}', "session.tool_choice")
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError("invalid_value", f"{name} must be true or false", f"session.{name}")
+    return value
+
+
+def tool_description(tools: ToolSet) -> dict[str, Any]:
+    """A session's tools in the shapes `session.update` takes them."""
+    return {"tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.schema}
+                      for t in tools.tools],
+            "tool_choice": tools.choice if tools.choice in CHOICES else {"type": "function", "name": tools.choice},
+            "parallel_tool_calls": tools.parallel}
+
+
+def function_call_output(item: Any) -> ToolOutput:
+    """A `conversation.item.create`'s item `{"type": "function_call_output", "call_id", "output"}` (the Realtime
+    API's item fields `id`, `object` and `status` may come along)."""
+    if not isinstance(item, dict) or item.get("type") != "function_call_output":
+        raise ProtocolError("invalid_value", 'the item must be {"type": "function_call_output", "call_id", '
+                                             '"output"}', "item")
+    unknown = set(item) - {"type", "call_id", "output", "id", "object", "status"}
+    if unknown:
+        raise ProtocolError("unknown_parameter", f"item.{sorted(unknown)[0]} is not a function_call_output's field",
+                            f"item.{sorted(unknown)[0]}"[:80])
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise ProtocolError("invalid_value", "item.call_id must be the call_id of one of the answers' function calls",
+                            "item.call_id")
+    output = item.get("output")
+    if not isinstance(output, str) or len(output) > MAX_TOOL_OUTPUT:
+        raise ProtocolError("invalid_value", f"item.output must be a string of at most {MAX_TOOL_OUTPUT} characters",
+                            "item.output")
+    return ToolOutput(call_id, unicode_text(output, "item.output", "item.output"))
 
 
 def parse_offer(body: Any) -> Offer:
@@ -168,19 +298,29 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
         session = msg.get("session")
         if not isinstance(session, dict):
             raise ProtocolError("invalid_value", 'session.update needs a "session" object')
-        unknown = set(session) - {"voice", "instructions", "turn_detection", "output_modalities"}
+        unknown = set(session) - {"voice", "instructions", "turn_detection", "output_modalities", "tools",
+                                  "tool_choice", "parallel_tool_calls"}
         if unknown:
             raise ProtocolError("unknown_parameter", f"session.{sorted(unknown)[0]} cannot be updated")
+        given = {k: v for k, v in session.items() if v is not None}
         return SessionUpdate(
             voice=_voice(session.get("voice")),
             instructions=_instructions(session.get("instructions")),
             turn=_turn(session["turn_detection"], turn) if "turn_detection" in session else None,
             text_only=_text_only(session["output_modalities"]) if "output_modalities" in session else None,
+            tools=_tools(given["tools"]) if "tools" in given else None,
+            tool_choice=_tool_choice(given["tool_choice"]) if "tool_choice" in given else None,
+            parallel_tool_calls=_flag(given["parallel_tool_calls"], "parallel_tool_calls")
+            if "parallel_tool_calls" in given else None,
         )
     if kind == "input_audio_buffer.commit":
         return Commit()
     if kind == "response.cancel":
         return CancelResponse()
+    if kind == "conversation.item.create":
+        return function_call_output(msg.get("item"))
+    if kind == "response.create":
+        return CreateResponse()
     raise ProtocolError("unknown_event", f"unknown message type {kind!r}")
 
 

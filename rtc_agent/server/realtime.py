@@ -20,10 +20,12 @@ from typing import Any, Callable, Literal
 
 from ..config import TurnSettings
 from ..conversation import Conversation, ConversationError
+from ..engine.tools import ToolSet
 from ..media.outbound import PACKET_S
 from ..media.pcm import PCM_RATE
 from . import json_input
-from .protocol import ProtocolError, SessionUpdate, output_modalities, parse_client_message, turn_description
+from .protocol import (ProtocolError, SessionUpdate, function_call_output, output_modalities, parse_client_message,
+                       tool_description, turn_description)
 
 Transport = Literal["webrtc", "websocket"]
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # an append of ~2.5 minutes of audio
@@ -31,13 +33,11 @@ MAX_TEXT_CHARS = 8000
 PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
 # session fields a client may send with the one value this server has (sent by SDKs with their defaults)
 FIXED = {
-    "tool_choice": ("auto", "none"),
-    "tools": ([],),
     "max_output_tokens": ("inf",),
     "truncation": ("auto",),
     "include": (None, []),
-    "parallel_tool_calls": (False, True),
 }
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")  # as our own session.update takes them
 IGNORED = ("model", "tracing")  # one model here; tracing is OpenAI's dashboard, there is nothing to trace to
 
 
@@ -100,6 +100,8 @@ def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
             if value not in (["audio"], ["text"]):
                 raise _unsupported(param, f'{json.dumps(value)[:80]} (["audio"] or ["text"] is)')
             ours["output_modalities"] = value
+        elif key in TOOL_KEYS:
+            ours[key] = value
         elif key in FIXED:
             if value not in FIXED[key]:
                 raise _unsupported(param, json.dumps(value)[:80])
@@ -141,15 +143,15 @@ def _audio(audio: Any, param: str) -> dict[str, Any]:
 
 
 def session_object(session_id: str, model: Any, voice: str, instructions: str, turn: TurnSettings,
-                   text_only: bool = False) -> dict[str, Any]:
+                   text_only: bool = False, tools: ToolSet = ToolSet()) -> dict[str, Any]:
     """The GA session object of session.created / session.updated and of a client secret."""
     detection = turn_description(turn)
     if detection is not None:
         detection = {**detection, "create_response": True, "interrupt_response": True, "idle_timeout_ms": None}
     return {
         "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
-        "output_modalities": output_modalities(text_only), "instructions": instructions, "tools": [],
-        "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
+        "output_modalities": output_modalities(text_only), "instructions": instructions, **tool_description(tools),
+        "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
         "audio": {
             "input": {"format": PCM_FORMAT, "transcription": None, "noise_reduction": None,
                       "turn_detection": detection},
@@ -159,14 +161,61 @@ def session_object(session_id: str, model: Any, voice: str, instructions: str, t
 
 
 @dataclasses.dataclass
+class _Call:
+    """One of a response's function calls: its `function_call` output item."""
+
+    item_id: str
+    output_index: int
+    previous_item_id: str | None
+    call_id: str
+    name: str
+    arguments: str = ""  # as much as has come
+    done: bool = False  # the arguments are whole (a call cut before its end never is: the engine dropped it)
+
+    def item(self, over: bool = False) -> dict[str, Any]:
+        """Its item; `over`: its response is over (a call not done by then was cut)."""
+        status = "completed" if self.done else ("incomplete" if over else "in_progress")
+        return {"id": self.item_id, "object": "realtime.item", "type": "function_call", "status": status,
+                "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+
+
+@dataclasses.dataclass
 class _Response:
     id: str
-    item_id: str
-    previous_item_id: str | None
     text_only: bool = False  # a written answer: output_text, not output_audio
+    item_id: str | None = None  # its assistant message, opened by its first text or audio (a call has none)
+    output_index: int = 0  # the message's
+    previous_item_id: str | None = None  # the item before the message
     transcript: str = ""  # its text (the audio's transcript, or the written text)
+    calls: dict[str, _Call] = dataclasses.field(default_factory=dict)  # by call_id, in order
     audio_started: bool = False
     cancel_reason: str = "turn_detected"
+
+    @property
+    def outputs(self) -> int:
+        """Its output items so far (the next one's output_index)."""
+        return (self.item_id is not None) + len(self.calls)
+
+    def where(self) -> dict[str, Any]:
+        """The fields that place an event in its message's one content part."""
+        return {"response_id": self.id, "item_id": self.item_id, "output_index": self.output_index,
+                "content_index": 0}
+
+
+def _user_text(item: Any) -> str:
+    """The text of a user message item of input_text parts."""
+    if not isinstance(item, dict) or item.get("type", "message") != "message" or item.get("role") != "user":
+        raise RealtimeError("unsupported_value", "only user messages and function_call_output items can be added",
+                            "item")
+    content = item.get("content")
+    if not isinstance(content, list) or not content or not all(
+            isinstance(c, dict) and c.get("type") == "input_text" and isinstance(c.get("text"), str)
+            for c in content):
+        raise RealtimeError("unsupported_value", "a user message here is input_text content", "item.content")
+    text = "".join(c["text"] for c in content)
+    if not text.strip() or len(text) > MAX_TEXT_CHARS:
+        raise RealtimeError("invalid_value", f"the text must be 1 to {MAX_TEXT_CHARS} characters", "item.content")
+    return text
 
 
 class RealtimeEvents:
@@ -206,12 +255,13 @@ class RealtimeEvents:
 
     def description(self) -> dict[str, Any]:
         return session_object(self.session_id, self.model, self.voice, self.instructions, self.conversation.turn,
-                              self.conversation.text_only)
+                              self.conversation.text_only, self.conversation.tools)
 
     def apply(self, update: SessionUpdate) -> None:
         """A parsed session update (ProtocolError when the conversation refuses a value)."""
         try:
-            self.conversation.update(update.voice, update.instructions, update.turn, update.text_only)
+            self.conversation.update(update.voice, update.instructions, update.turn, update.text_only,
+                                     update.tool_set(self.conversation.tools))
         except ValueError as exc:
             raise ProtocolError("invalid_value", str(exc)) from None
         self.voice = update.voice or self.voice
@@ -222,8 +272,8 @@ class RealtimeEvents:
         r = self._response
         if r is None:
             return
-        self.emit("response.output_audio.delta", response_id=r.id, item_id=r.item_id, output_index=0,
-                  content_index=0, delta=base64.b64encode(pcm).decode())
+        self._message(r)
+        self.emit("response.output_audio.delta", **r.where(), delta=base64.b64encode(pcm).decode())
 
     def conversation_event(self, event: dict[str, Any]) -> None:
         """The conversation's own events, as GA events."""
@@ -246,18 +296,24 @@ class RealtimeEvents:
         elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
             r = self._responses.get(event["response_id"])
             if r is not None:
+                self._message(r)
                 r.transcript += event["delta"]
-                self.emit(kind, response_id=r.id, item_id=r.item_id, output_index=0, content_index=0,
-                          delta=event["delta"])
+                self.emit(kind, **r.where(), delta=event["delta"])
+        elif kind in ("response.function_call_arguments.delta", "response.function_call_arguments.done"):
+            r = self._responses.get(event["response_id"])
+            if r is not None:
+                self._call_event(r, event)
         elif kind == "response.done":
             self._response_done(event["response"])
         elif kind == "response.output_text.done":
             pass  # said by _response_done, in its place among the response's closing events
         elif kind == "conversation.state":
             r = self._response
-            if event["state"] == "speaking" and r is not None and self.transport == "webrtc":
-                r.audio_started = True
-                self.emit("output_audio_buffer.started", response_id=r.id)
+            if event["state"] == "speaking" and r is not None:
+                self._message(r)
+                if self.transport == "webrtc":
+                    r.audio_started = True
+                    self.emit("output_audio_buffer.started", response_id=r.id)
         elif kind == "error":
             error = event["error"]
             self.error(error["code"], error["message"], kind=error.get("type", "server_error"))
@@ -287,16 +343,47 @@ class RealtimeEvents:
                 "usage": None, "metadata": None, **more}
 
     def _response_created(self, response_id: str, text_only: bool) -> None:
-        r = self._response = self._responses[response_id] = _Response(response_id, self._new_id("item"),
-                                                                      self._last_item, text_only)
-        self._last_answer = r.item_id
+        r = self._response = self._responses[response_id] = _Response(response_id, text_only)
+        self._last_answer = None  # until its message opens
         self.emit("response.created", response=self._response_object(r, "in_progress", output=[]))
-        item = self._item(r, "in_progress")
-        self.emit("response.output_item.added", response_id=r.id, output_index=0, item=item)
-        self.emit("conversation.item.added", previous_item_id=r.previous_item_id, item=item)
-        self._last_item = r.item_id
-        self.emit("response.content_part.added", response_id=r.id, item_id=r.item_id, output_index=0,
-                  content_index=0, part=self._part(r))
+
+    def _open_item(self, r: _Response, item: dict[str, Any], output_index: int) -> None:
+        """A new output item of `r`, at the conversation's end."""
+        self.emit("response.output_item.added", response_id=r.id, output_index=output_index, item=item)
+        self.emit("conversation.item.added", previous_item_id=self._last_item, item=item)
+        self._last_item = item["id"]
+
+    def _close_item(self, r: _Response, item: dict[str, Any], output_index: int, previous_item_id: str | None
+                    ) -> None:
+        self.emit("response.output_item.done", response_id=r.id, output_index=output_index, item=item)
+        self.emit("conversation.item.done", previous_item_id=previous_item_id, item=item)
+
+    def _message(self, r: _Response) -> None:
+        """Opens the response's assistant message, if it is not open yet."""
+        if r.item_id is not None:
+            return
+        r.output_index, r.previous_item_id = r.outputs, self._last_item
+        r.item_id = self._last_answer = self._new_id("item")
+        self._open_item(r, self._item(r, "in_progress"), r.output_index)
+        self.emit("response.content_part.added", **r.where(), part=self._part(r))
+
+    def _call_event(self, r: _Response, event: dict[str, Any]) -> None:
+        """The conversation's `response.function_call_arguments.delta` or `.done`: the call's item opens with its
+        first piece and is done with its arguments."""
+        call = r.calls.get(event["call_id"])
+        if call is None:
+            call = _Call(self._new_id("item"), r.outputs, self._last_item, event["call_id"], event["name"])
+            r.calls[call.call_id] = call
+            self._open_item(r, call.item(), call.output_index)
+        where = {"response_id": r.id, "item_id": call.item_id, "output_index": call.output_index,
+                 "call_id": call.call_id}
+        if event["type"] == "response.function_call_arguments.delta":
+            call.arguments += event["delta"]
+            self.emit(event["type"], **where, delta=event["delta"])
+            return
+        call.arguments, call.done = event["arguments"], True
+        self.emit(event["type"], **where, name=call.name, arguments=call.arguments)
+        self._close_item(r, call.item(), call.output_index, call.previous_item_id)
 
     def _response_done(self, done: dict[str, Any]) -> None:
         r = self._responses.pop(done["id"], None)
@@ -304,24 +391,30 @@ class RealtimeEvents:
             return
         if self._response is r:
             self._response = None
-        where = {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
-        if r.text_only:
-            self.emit("response.output_text.done", **where, text=r.transcript)
-        else:
-            if self.transport == "websocket":
-                self.emit("response.output_audio.done", **where)
-            self.emit("response.output_audio_transcript.done", **where, transcript=r.transcript)
-        self.emit("response.content_part.done", **where, part=self._part(r))
         status = done["status"]
-        item = self._item(r, "completed" if status == "completed" else "incomplete")
-        self.emit("response.output_item.done", response_id=r.id, output_index=0, item=item)
-        self.emit("conversation.item.done", previous_item_id=r.previous_item_id, item=item)
+        output: dict[int, dict[str, Any]] = {}
+        if r.item_id is not None:
+            where = r.where()
+            if r.text_only:
+                self.emit("response.output_text.done", **where, text=r.transcript)
+            else:
+                if self.transport == "websocket":
+                    self.emit("response.output_audio.done", **where)
+                self.emit("response.output_audio_transcript.done", **where, transcript=r.transcript)
+            self.emit("response.content_part.done", **where, part=self._part(r))
+            output[r.output_index] = self._item(r, "completed" if status == "completed" else "incomplete")
+            self._close_item(r, output[r.output_index], r.output_index, r.previous_item_id)
+        for call in r.calls.values():
+            output[call.output_index] = call.item(over=True)
+            if not call.done:  # cut while it was being written: it is not in the conversation
+                self._close_item(r, output[call.output_index], call.output_index, call.previous_item_id)
         details = None
         if status == "cancelled":
             details = {"type": "cancelled", "reason": r.cancel_reason}
         elif status == "failed":
             details = {"type": "failed", "error": {"type": "server_error", "code": "engine_error"}}
-        response = self._response_object(r, status, output=[item], metrics=done.get("metrics"))
+        response = self._response_object(r, status, output=[output[i] for i in sorted(output)],
+                                         metrics=done.get("metrics"))
         response["status_details"] = details
         self.emit("response.done", response=response)
         if self.transport == "webrtc" and r.audio_started:
@@ -344,9 +437,9 @@ class RealtimeEvents:
                 raise RealtimeError("unknown_event", f"{event['type'][:100]!r} is not supported by this server",
                                     "type")
             handler(self, event)
-        except RealtimeError as exc:
+        except (RealtimeError, ProtocolError) as exc:
             self.error(exc.code, exc.message, exc.param, event_id)
-        except (ProtocolError, ConversationError) as exc:
+        except ConversationError as exc:
             self.error(exc.code, exc.message, None, event_id)
 
     def _session_update(self, event: dict[str, Any]) -> None:
@@ -372,32 +465,30 @@ class RealtimeEvents:
         self.conversation.clear_input()
 
     def _item_create(self, event: dict[str, Any]) -> None:
-        item = event.get("item")
-        if not isinstance(item, dict) or item.get("type", "message") != "message" or item.get("role") != "user":
-            raise RealtimeError("unsupported_value", "only user messages can be added", "item")
-        content = item.get("content")
-        if not isinstance(content, list) or not content or not all(
-                isinstance(c, dict) and c.get("type") == "input_text" and isinstance(c.get("text"), str)
-                for c in content):
-            raise RealtimeError("unsupported_value", "a user message here is input_text content", "item.content")
-        text = "".join(c["text"] for c in content)
-        if not text.strip() or len(text) > MAX_TEXT_CHARS:
-            raise RealtimeError("invalid_value", f"the text must be 1 to {MAX_TEXT_CHARS} characters",
-                                "item.content")
+        """A user message of input_text, or a function_call_output."""
         if event.get("previous_item_id") not in (None, self._last_item):
             raise _unsupported("previous_item_id", "inserting before the conversation's end")
-        item_id = item.get("id") if isinstance(item.get("id"), str) else self._new_id("item")
-        self.conversation.add_text(text)
-        self._add_item({"id": item_id[:64], "object": "realtime.item", "type": "message", "role": "user",
-                        "status": "completed", "content": [{"type": "input_text", "text": text}]})
+        item = event.get("item")
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            output = function_call_output(item)
+            self.conversation.add_tool_output(output.call_id, output.output)
+            added = {"type": "function_call_output", "call_id": output.call_id, "output": output.output}
+        else:
+            text = _user_text(item)
+            self.conversation.add_text(text)
+            added = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+        item_id = item["id"] if isinstance(item.get("id"), str) else self._new_id("item")
+        self._add_item({"id": item_id[:64], "object": "realtime.item", **added, "status": "completed"})
 
     def _response_create(self, event: dict[str, Any]) -> None:
         params = event.get("response") or {}
         if not isinstance(params, dict):
             raise RealtimeError("invalid_value", "response must be an object", "response")
+        tools = tool_description(self.conversation.tools)
         for key, value in params.items():
-            if key == "conversation" and value == "auto" or key in FIXED and value in FIXED[key]:
-                continue
+            if key == "conversation" and value == "auto" or key in FIXED and value in FIXED[key] or \
+                    key in TOOL_KEYS and value == tools[key]:
+                continue  # (the session's own)
             raise _unsupported(f"response.{key}", "a per-response setting")
         self.conversation.create_response()
 

@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from ..engine.tools import ToolSet
 from ..media.end_of_turn import installed_scorer
 from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
@@ -115,7 +116,7 @@ async def realtime_middleware(request: web.Request, handler: Callable[[web.Reque
         except RealtimeError as exc:
             response = _error(400, exc.code, exc.message, exc.param)
         except ProtocolError as exc:
-            response = _error(400, exc.code, exc.message)
+            response = _error(400, exc.code, exc.message, exc.param)
         except web.HTTPRequestEntityTooLarge:
             response = _error(413, "body_too_large", "the request body is too large")
         except web.HTTPException as exc:
@@ -174,13 +175,14 @@ async def create_client_secret(request: web.Request) -> web.Response:
         raise RealtimeError("invalid_value", f"expires_after.seconds must be {least} to {most}",
                             "expires_after.seconds")
     update = parse_session(body["session"], state.settings.turn) if body.get("session") is not None else None
+    tools = (update and update.tool_set(ToolSet())) or ToolSet()  # (checked whole here: a call cannot refuse it)
     value, secret = request.app[SECRETS].mint(ttl, update)
     s = state.settings
     session = session_object(f"sess_{state.tag}{secrets.token_urlsafe(9)}", state.engine.describe().get("model") if state.ready
                              else s.model, (update and update.voice) or s.voice,
                              update.instructions if update and update.instructions is not None else s.instructions,
                              (update and update.turn) or s.turn,
-                             update.text_only if update and update.text_only is not None else s.no_talker)
+                             update.text_only if update and update.text_only is not None else s.no_talker, tools)
     return web.json_response({"value": value, "expires_at": secret.expires_at, "session": session})
 
 

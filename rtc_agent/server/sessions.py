@@ -20,8 +20,8 @@ from ..media.outbound import OutboundAudioTrack
 from ..media.vad import CHUNK_SAMPLES, SpeechProbability
 from ..media.video import sample_video
 from .metrics import Metrics
-from .protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, error_event, output_modalities,
-                       parse_client_message, turn_description)
+from .protocol import (CancelResponse, Commit, CreateResponse, ProtocolError, SessionUpdate, ToolOutput, error_event,
+                       output_modalities, parse_client_message, tool_description, turn_description)
 from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,8 @@ class CallSession:
             msg = parse_client_message(text, conversation.turn)
             if isinstance(msg, SessionUpdate):
                 try:
-                    conversation.update(msg.voice, msg.instructions, msg.turn, msg.text_only)
+                    conversation.update(msg.voice, msg.instructions, msg.turn, msg.text_only,
+                                        msg.tool_set(conversation.tools))
                 except ValueError as exc:
                     raise ProtocolError("invalid_value", str(exc)) from None
                 self.voice = msg.voice or self.voice
@@ -195,6 +196,10 @@ class CallSession:
                 conversation.commit()
             elif isinstance(msg, CancelResponse):
                 conversation.cancel_response()
+            elif isinstance(msg, ToolOutput):
+                conversation.add_tool_output(msg.call_id, msg.output)
+            elif isinstance(msg, CreateResponse):
+                conversation.create_response()
         except (ProtocolError, ConversationError) as exc:
             self.events.send(error_event(exc.code, exc.message))
 
@@ -236,6 +241,7 @@ class CallSession:
             "turn_detection": turn_description(self.conversation.turn),
             "turn_detection_note": self.settings.turn_detection_note,
             "output_modalities": output_modalities(self.conversation.text_only),
+            **tool_description(self.conversation.tools),
             "input_audio": {"sample_rate": 16000, "vad": "silero"},
             "output_audio": {"codec": "opus", "packet_ms": 80, "sample_rate": 24000},
             "resume": {"token": self.resume_token, "window_s": self.settings.resume_window_s},

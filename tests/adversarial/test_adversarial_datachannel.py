@@ -18,6 +18,10 @@ def update(**session: object) -> str:
     return json.dumps({"type": "session.update", "session": session})
 
 
+def item(value: object) -> str:
+    return json.dumps({"type": "conversation.item.create", "item": value})
+
+
 BAD = [  # (what, message as sent, expected error code)
     ("NaN", '{"type": "session.update", "session": {"turn_detection": {"silence_duration_ms": NaN}}}',
      "invalid_json"),
@@ -42,7 +46,34 @@ BAD = [  # (what, message as sent, expected error code)
     ("not JSON", "{oops", "invalid_json"),
     ("a JSON string", '"session.update"', "invalid_json"),
     ("type not a string", '{"type": 7}', "invalid_json"),
-    ("an unknown event", '{"type": "conversation.item.create"}', "unknown_event"),
+    ("an unknown event", '{"type": "conversation.item.delete"}', "unknown_event"),
+    ("an item create without an item", '{"type": "conversation.item.create"}', "invalid_value"),
+    ("a user message item", item({"type": "message", "role": "user", "content": []}), "invalid_value"),
+    ("an output for no call", item({"type": "function_call_output", "call_id": "call_0", "output": ""}),
+     "invalid_value"),
+    ("an output that is not text", item({"type": "function_call_output", "call_id": "call_0", "output": [1]}),
+     "invalid_value"),
+    ("an output too long", item({"type": "function_call_output", "call_id": "call_0", "output": "x" * 9000}),
+     "invalid_value"),
+    ("a response with nothing new to answer", '{"type": "response.create"}', "response_create_empty"),
+    ("a tool of another type", update(tools=[{"type": "web_search"}]), "unsupported_value"),
+    ("tools not a list", update(tools={"type": "function", "name": "f"}), "invalid_value"),
+    ("a tool without a name", update(tools=[{"type": "function"}]), "invalid_value"),
+    ("a tool's name with a space", update(tools=[{"type": "function", "name": "turn up"}]), "invalid_value"),
+    ("a tool's field of another kind", update(tools=[{"type": "function", "name": "f", "strict": True}]),
+     "unknown_parameter"),
+    ("parameters not an object schema", update(tools=[{"type": "function", "name": "f", "parameters": {
+        "type": "string"}}]), "invalid_value"),
+    ("parameters llguidance cannot enforce", update(tools=[{"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/nowhere"}}}}]), "invalid_value"),
+    ("a lone surrogate in a tool", update(tools=[{"type": "function", "name": "f", "description": "\ud800"}]),
+     "invalid_value"),
+    ("two tools of one name", update(tools=[{"type": "function", "name": "f"}] * 2), "invalid_value"),
+    ("65 tools", update(tools=[{"type": "function", "name": f"f{i}"} for i in range(65)]), "invalid_value"),
+    ("tool_choice naming no tool", update(tool_choice={"type": "function", "name": "f"}), "invalid_value"),
+    ("tool_choice required with no tools", update(tool_choice="required"), "invalid_value"),
+    ("tool_choice misspelt", update(tool_choice="requried"), "invalid_value"),
+    ("parallel_tool_calls a string", update(parallel_tool_calls="yes"), "invalid_value"),
     ("session not an object", '{"type": "session.update", "session": 3}', "invalid_value"),
     ("more than 64 KiB", json.dumps({"type": "x", "pad": "p" * 70_000}), "invalid_json"),
     ("binary", b"\x00\x01\x02 binary", "invalid_json"),
