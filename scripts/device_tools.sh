@@ -2,7 +2,8 @@
 # Function calls on a GPU machine, full-size synthetic model (docs/PERFORMANCE.md, "Function calls"): the engine
 # bench without tools (1 session: the first packet), with tools offered (8 sessions, --tools auto: the first packet
 # and the Thinker step with and without every row masked), then written answers at 8 sessions unconstrained and as
-# calls (--tools required), every call checked against its tool's schema with jsonschema.
+# calls (--tools required: the model picks the tool; --tools named: each tool in turn), every call checked against
+# its tool's schema with jsonschema.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_tools.sh
 set -u
 out=${OUT:-artifacts/tools}; mkdir -p "$out"
@@ -27,12 +28,13 @@ bench none-1 --sessions 1 --turns 3
 bench auto-8 --sessions 8 --turns 3 --tools auto
 bench text-8 --sessions 8 --turns 3 --no-talker --answer-tokens 128
 bench calls-8 --sessions 8 --turns 8 --no-talker --tools required --answer-tokens 200
-python3 - "$out/calls-8.json" <<'PY'
+bench named-8 --sessions 8 --turns 5 --no-talker --tools named --answer-tokens 200
+python3 - "$out/calls-8.json" "$out/named-8.json" <<'PY'
 import json, sys
 import jsonschema
 from rtc_agent.engine.bench import BENCH_TOOLS
 schemas = {tool.name: tool.schema for tool in BENCH_TOOLS}
-made = json.load(open(sys.argv[1]))["tools"]["made"]
+made = [call for path in sys.argv[1:] for call in json.load(open(path))["tools"]["made"]]
 valid = 0
 for call in made:
     try:

@@ -96,9 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answers come out only once all of them is made (answer_ms is then the first packet)")
     parser.add_argument("--gpu-memory-fraction", type=float, default=1.0,
                         help="cap the process at this fraction of the GPU's memory, before the weights load")
-    parser.add_argument("--tools", choices=("none", "auto", "required"), default="none",
+    parser.add_argument("--tools", choices=("none", "auto", "required", "named"), default="none",
                         help="offer every session the five BENCH_TOOLS: auto (the model may call; the answers are "
-                             "the same kind), required (every answer is a call, its JSON held to its schema)")
+                             "the same kind), required (every answer is a call, its JSON held to its schema), named "
+                             "(every answer calls the tool whose turn it is, each in turn)")
     parser.add_argument("--compare-stock", action="store_true", help="also time stock generate on the same turn")
     parser.add_argument("--stock-runs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -181,7 +182,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     ready = time.perf_counter()
     _log(args, f"loaded in {loaded - started:.1f} s, warmed up in {ready - loaded:.1f} s")
     instructions = _system_prompt(engine.tokenizer, args.system_tokens)
-    tools = ToolSet(BENCH_TOOLS, args.tools) if args.tools != "none" else ToolSet()
+    tools = ToolSet(BENCH_TOOLS, args.tools if args.tools != "named" else "required") if args.tools != "none" \
+        else ToolSet()
     sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
                                                   max_frames=args.answer_frames, tools=tools))
                 for n in range(args.sessions)]
@@ -251,6 +253,8 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
     token_ms, grammar_ms, calls = [], [], []
     clock = 0.0  # the session's media clock
     for turn in range(args.turns):
+        if args.tools == "named":
+            session.update(tools=ToolSet(BENCH_TOOLS, BENCH_TOOLS[(index + turn) % len(BENCH_TOOLS)].name))
         audio = _caller_turn(args.turn_s, seed=turn + 100 * index)
         frames = _camera(args.video_s + args.turn_s, width, height, clock, seed=turn) if args.video_s else []
         question_at = clock + args.video_s
