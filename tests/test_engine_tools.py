@@ -16,7 +16,7 @@ from engine_helpers import caller_audio, engine_for, run
 from rtc_agent.engine import ResponseDone, SessionOptions, SpeechFrame, TextDelta
 from rtc_agent.engine.bench import BENCH_TOOLS
 from rtc_agent.engine.events import ToolCallArguments, ToolCallDone, ToolCallStarted
-from rtc_agent.engine.tools import Tool, ToolSet
+from rtc_agent.engine.tools import AnswerCalls, Tool, ToolSet
 
 TOOLS = BENCH_TOOLS
 SCHEMAS = {tool.name: tool.schema for tool in TOOLS}
@@ -172,3 +172,34 @@ def test_the_mask_is_the_grammar_applied_to_the_logits():
     assert torch.isfinite(out[1]).nonzero().flatten().tolist() == list(allowed)
     assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [runtime.special["end"]]
     assert masks.send({}) is None
+
+
+def test_with_auto_the_text_goes_on_until_the_model_opens_a_call_then_the_call_is_held_to_its_schema():
+    """The path a real model takes with "auto": text, then <tool_call> drawn freely, then the call under the mask
+    (draws made here at random among the allowed tokens: the tiny model itself practically never opens a call)."""
+    engine = engine_for(prefill_chunk_s=0)
+    runtime, tokenizer = engine.tool_runtime, engine.tokenizer
+    rng = np.random.default_rng(0)
+    for seed in range(10):
+        events: list = []
+        calls = AnswerCalls(runtime, ToolSet(TOOLS, "auto", parallel=seed % 2 == 0), 400, events.append)
+        text = tokenizer.encode("Sure, one moment.")
+        assert calls.constraint() is None and all(calls.take(t) for t in text)
+        assert not calls.take(runtime.special["open"]) and calls.in_calls and calls.text_tokens == len(text)
+        token = None
+        while token != runtime.special["end"]:
+            words = np.empty(engine.pool.masks.words, dtype=np.int32)
+            constraint = calls.constraint()
+            if isinstance(constraint, np.ndarray):
+                words[:] = constraint
+            else:
+                words = np.frombuffer(constraint.compute_bitmask(), dtype=np.int32)[:len(words)]
+            allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:runtime.vocab])
+            token = int(rng.choice(allowed))
+            if token != runtime.special["end"]:
+                assert not calls.take(token)
+        assert calls.done and len(calls.done) == len([e for e in events if isinstance(e, ToolCallStarted)])
+        for call in calls.done:
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+            pieces = "".join(e.delta for e in events if isinstance(e, ToolCallArguments) and e.index == call.index)
+            assert pieces == call.arguments
