@@ -126,7 +126,7 @@ class TrimAnswer:
 
 @dataclasses.dataclass(frozen=True)
 class PrepareAnswer:
-    pass
+    queued_at: float  # time.monotonic()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +183,10 @@ class Conversation:
         self._ops: asyncio.Queue[EngineCall] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
+        # time.monotonic() of the latest audio push (started, done) and answer preparation (queued, started, done):
+        # where a turn's audio_in_ms went (response.done's metrics)
+        self._pushed_times: tuple[float, ...] = ()
+        self._prepared_times: tuple[float, ...] = ()
 
     # ---- caller audio -------------------------------------------------------------------------------------
     def feed(self, samples: np.ndarray) -> None:
@@ -214,7 +218,7 @@ class Conversation:
                 self._paused += chunks
                 self._semantic_add(chunks)
             if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
-                self._ops.put_nowait(PrepareAnswer())  # the turn may be ending: the engine makes the answer ready
+                self._ops.put_nowait(PrepareAnswer(time.monotonic()))  # the turn may be ending: the answer is made ready
                 self._paused = []
         else:
             self._unpushed.append(chunk)
@@ -516,6 +520,10 @@ class Conversation:
             "ttft_ms": _ms(answer.first_text_at, answer.turn_end_at),  # turn end → the first text sent
             "speech_end_to_first_packet_ms": _ms(playout.first_packet_at, answer.speech_end_at),
             "audio_in_ms": _ms(answer.respond_at, answer.turn_end_at),  # the turn's last audio into the engine
+            # ms from the turn's end (negative: before it): the last audio push's start and end, and the answer's
+            # preparation: queued, started, done (null: none since the answer before)
+            "audio_in_parts": {"push": [_ms(t, answer.turn_end_at) for t in self._pushed_times],
+                               "prepare": [_ms(t, answer.turn_end_at) for t in self._prepared_times]},
             "frames": playout.frames_made,
             "frames_sent": playout.frames_sent,
             "frames_late": playout.frames_late,
@@ -528,6 +536,7 @@ class Conversation:
             # the media of all calls wait for the CPU (the turn's end noticed late, packets sent late)
             "loop_lag_ms_max": self._loop_lag_since(answer.speech_end_at) if self._loop_lag_since else None,
         }
+        self._pushed_times = self._prepared_times = ()
         status = "failed" if error else ("cancelled" if interrupted else "completed")
         text = done.text if done else ""
         for call in done.tool_calls if done else ():  # those still unsaid (made after a cut): all complete calls
@@ -592,7 +601,9 @@ class Conversation:
                                 run.append(following)
                                 following = None
                         samples = np.concatenate([a.samples for a in run])
+                        started = time.monotonic()
                         await self.session.push_audio(samples, at=run[0].at_ms / 1000)
+                        self._pushed_times = (started, time.monotonic())
                     case PushImage(image, at):
                         await self._push_image(image, at)
                     case PushText(text):
@@ -601,8 +612,10 @@ class Conversation:
                         await self.session.push_tool_output(output)
                     case TrimAnswer(frames_heard):
                         await self.session.cancel(frames_heard)
-                    case PrepareAnswer():
+                    case PrepareAnswer(queued_at):
+                        started = time.monotonic()
                         await self.session.prepare_answer()
+                        self._prepared_times = (queued_at, started, time.monotonic())
                     case AbortTurn():
                         await self.session.abort_turn()
                     case Answer():
