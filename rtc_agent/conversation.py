@@ -218,7 +218,8 @@ class Conversation:
                 self._paused += chunks
                 self._semantic_add(chunks)
             if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
-                self._ops.put_nowait(PrepareAnswer(time.monotonic()))  # the turn may be ending: the answer is made ready
+                # the turn may be ending: the engine makes the answer ready
+                self._ops.put_nowait(PrepareAnswer(time.monotonic()))
                 self._paused = []
         else:
             self._unpushed.append(chunk)

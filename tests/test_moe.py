@@ -67,23 +67,44 @@ def test_install_keeps_library_path_off_cuda():
     assert all(b._fast_path == moe._supported(b) for b in _blocks(model))
 
 
+def skipped_rows_differences() -> tuple[float, float]:
+    """Rows that sit a step out (`moe.skipping_rows`): (largest |fused - fused without skipping| on the rows that
+    take part, largest |output| on the rows left out) over every MoE block, 4 rows, flags as bool and as long."""
+    model = loader.load("tiny", "cpu").model.to(torch.bfloat16)
+    generator = torch.Generator().manual_seed(1)
+    kept = left_out = 0.0
+    with torch.inference_mode():
+        for block in _blocks(model):
+            x = torch.randn(4, 1, block.experts.hidden_dim, generator=generator).to(torch.bfloat16)
+            full = moe.fused_forward(block, x)
+            for active in (torch.tensor([True, False, True, False]), torch.tensor([0, 1, 1, 0])):
+                with moe.skipping_rows(active):
+                    out = moe.fused_forward(block, x)
+                on = active.bool()
+                kept = max(kept, (out[on].float() - full[on].float()).abs().max().item())
+                left_out = max(left_out, out[~on].float().abs().max().item())
+    return kept, left_out
+
+
 _INTERPRETER_CHECK = """
 import sys, torch
 sys.path.insert(0, {tests!r})
-from test_moe import max_differences
+from test_moe import max_differences, skipped_rows_differences
 from rtc_agent.engine.kernels import moe
 assert moe._KERNELS is not None
 paths = (lambda b, x: moe.moe_forward(b, x, moe.experts_triton), moe.fused_forward)  # library router; fused
-print(*(max(max_differences(dtype, path)) for path in paths for dtype in (torch.float32, torch.bfloat16)))
+print(*skipped_rows_differences(),
+      *(max(max_differences(dtype, path)) for path in paths for dtype in (torch.float32, torch.bfloat16)))
 """
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-def test_triton_kernels_equal_library_block_under_interpreter():
+def test_triton_kernels_equal_library_block_and_skip_rows_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     code = _INTERPRETER_CHECK.format(tests=str(Path(__file__).parent))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    fp32, bf16, fused_fp32, fused_bf16 = map(float, out.stdout.split()[-4:])
+    kept, left_out, fp32, bf16, fused_fp32, fused_bf16 = map(float, out.stdout.split()[-6:])
     assert fp32 < 1e-6 and fused_fp32 < 1e-6
     assert bf16 == 0.0 and fused_bf16 == 0.0  # the same rounding points as the library; on these inputs bit for bit
+    assert kept == 0.0 and left_out == 0.0  # rows left out of a step: zeros; the others exactly as without it

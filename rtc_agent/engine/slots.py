@@ -22,6 +22,7 @@ from .code2wav import Code2WavRows, StreamingCode2Wav
 from .events import FRAME_SAMPLES
 from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
                      batch_sizes, begin_rows, commit_rows, rows_for, to_device)
+from .kernels import moe
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
 from .sampling import Sampling, choose, fused_active, gumbel_rows
@@ -254,9 +255,12 @@ class SlotPool:
         if rows not in self._thinker_steps:
             view = self._view(rows, capture=True)
 
+            active = self._step_inputs.device[2, :rows]  # (begin_rows sets it before every replay)
+
             def logits(ids: torch.Tensor) -> torch.Tensor:
                 lm = self.core.model.thinker.model.language_model
-                hidden, _ = run_stack(lm, lm.embed_tokens(ids), view, mrope=True, graph_mode=True)
+                with moe.skipping_rows(active):  # the rows sitting the step out read no expert weights
+                    hidden, _ = run_stack(lm, lm.embed_tokens(ids), view, mrope=True, graph_mode=True)
                 return self.core.model.thinker.lm_head(hidden[:, -1])
 
             self._thinker_steps[rows] = CapturedStep(logits, torch.zeros(rows, 1, dtype=torch.long,

@@ -11,6 +11,7 @@ import torch
 
 from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
                      begin_rows, commit_rows, rows_for, short_prefill_fits, to_device)
+from .kernels import moe
 from .kv_cache import StaticKVCache
 from .sampling import Sampling, choose, gumbel_rows
 from .stack import FixedStep, explicit_positions, run_stack
@@ -139,7 +140,8 @@ class Talker:
         """Each row's last frame codes [rows, 16] plus one text position [rows, 1, hidden] in; each active row's
         last hidden state and code 0 updated in place."""
         rows = codes.shape[0]
-        hidden, logits = self._talker_logits(cache, self.codec_embedding_sum(codes) + text, graph_mode=True)
+        with moe.skipping_rows(active):  # (the rows sitting the step out read no expert weights)
+            hidden, logits = self._talker_logits(cache, self.codec_embedding_sum(codes) + text, graph_mode=True)
         code0 = self.choose_code0(logits[:, -1], sampling, noise, self.seen[:rows], active)
         self.last_hidden[:rows].copy_(torch.where(active[:, None, None], hidden[:, -1:], self.last_hidden[:rows]))
         self.code0[:rows].copy_(torch.where(active[:, None], code0, self.code0[:rows]))

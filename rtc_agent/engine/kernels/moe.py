@@ -29,7 +29,9 @@ kernels themselves are tested on the CPU under Triton's interpreter (tests/test_
 """
 from __future__ import annotations
 
+import contextlib
 import types
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +103,21 @@ def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 ROUTE_IN_KERNEL = True  # False: the library's router module (softmax, topk, ... as separate kernels) decides
+_ACTIVE: torch.Tensor | None = None  # the batched decode step's rows that take part (`skipping_rows`)
+
+
+@contextlib.contextmanager
+def skipping_rows(active: torch.Tensor) -> Iterator[None]:
+    """Within it, fused MoE blocks leave out the rows whose `active` [rows] (bool or int, on the device; the same
+    tensor at every replay of a graph captured inside) is 0: a row that sits a batched decode step out reads no
+    expert weights and gets zeros. Why: with callers in slots 0-23 and three of them answering, a step's experts
+    were read for 24 rows; the expert weights are most of a decode step's memory traffic."""
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, active
+    try:
+        yield
+    finally:
+        _ACTIVE = previous
 
 
 def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel: bool | None = None) -> torch.Tensor:
@@ -111,12 +128,15 @@ def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel
     batch, length, hidden = hidden_states.shape
     x = hidden_states.reshape(-1, hidden)
     shared = {"shared": getattr(block, "shared_expert", None), "shared_gate": getattr(block, "shared_expert_gate", None)}
+    active = _ACTIVE if _ACTIVE is not None and _ACTIVE.shape[0] == batch and length == 1 else None
     if ROUTE_IN_KERNEL if route_in_kernel is None else route_in_kernel:
         logits = F.linear(x, block.gate.weight)
-        out = _launch(block.experts, x, block.gate.top_k, logits=logits, norm=block.gate.norm_topk_prob, **shared)
+        out = _launch(block.experts, x, block.gate.top_k, logits=logits, norm=block.gate.norm_topk_prob,
+                      active=active, **shared)
     else:
         _, weights, selected = block.gate(x)
-        out = _launch(block.experts, x, block.gate.top_k, selected=selected, weights=weights, **shared)
+        out = _launch(block.experts, x, block.gate.top_k, selected=selected, weights=weights, active=active,
+                      **shared)
     return out.view(batch, length, hidden)
 
 
@@ -146,13 +166,15 @@ def experts_torch(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, w
     return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
 
-def experts_triton(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def experts_triton(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
+                   active: torch.Tensor | None = None) -> torch.Tensor:
     """The two Triton kernels on routing given from outside (the library's router). x [T, H]; selected, weights
-    [T, k]."""
-    return _launch(experts, x, selected.shape[1], selected=selected, weights=weights)
+    [T, k]; `active` [T]: tokens whose 0 leaves them out (zeros out, no weights read), as `skipping_rows`."""
+    return _launch(experts, x, selected.shape[1], selected=selected, weights=weights, active=active)
 
 
-def _launch(experts, x, top_k, logits=None, norm=True, selected=None, weights=None, shared=None, shared_gate=None):
+def _launch(experts, x, top_k, logits=None, norm=True, selected=None, weights=None, shared=None, shared_gate=None,
+            active=None):
     tokens, hidden = x.shape
     quant = isinstance(experts, Int4Experts)
     if quant:
@@ -182,15 +204,16 @@ def _launch(experts, x, top_k, logits=None, norm=True, selected=None, weights=No
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     h_shared = torch.empty(tokens, s_inter, dtype=x.dtype, device=x.device) if shared is not None else h
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    skip = active is not None
     _KERNELS.gate_up[(pairs + (tokens if shared is not None else 0), -(-max(inter, s_inter) // bn1))](
         x, gate_up, scales[0], scales[1], s_gate, s_up, logits if logits is not None else x, ids, routing, h,
-        h_shared, pairs, gate_up.stride(0), scales[0].stride(0), H=hidden, I=inter, IS=s_inter, E=count,
-        TOP_K=top_k, ROUTE=logits is not None, NORM=bool(norm), SHARED=shared is not None, QUANT=quant,
-        G_UP=groups[0], BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1)
+        h_shared, active if skip else x, pairs, gate_up.stride(0), scales[0].stride(0), H=hidden, I=inter,
+        IS=s_inter, E=count, TOP_K=top_k, ROUTE=logits is not None, NORM=bool(norm), SHARED=shared is not None,
+        QUANT=quant, SKIP=skip, G_UP=groups[0], BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1)
     _KERNELS.down[(tokens, -(-hidden // bn2))](
-        h, h_shared, down, scales[2], scales[3], s_down, s_router, x, ids, routing, out, down.stride(0),
-        scales[2].stride(0), H=hidden, I=inter, IS=s_inter, TOP_K=top_k, SHARED=shared is not None, QUANT=quant,
-        G_DOWN=groups[1], BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2)
+        h, h_shared, down, scales[2], scales[3], s_down, s_router, x, ids, routing, out, active if skip else x,
+        down.stride(0), scales[2].stride(0), H=hidden, I=inter, IS=s_inter, TOP_K=top_k, SHARED=shared is not None,
+        QUANT=quant, SKIP=skip, G_DOWN=groups[1], BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2)
     return out
 
 
@@ -256,11 +279,18 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _takes_part(active_ptr, token, SKIP: tl.constexpr):
+        """Whether `token` takes part in the step (`skipping_rows`): its active flag, or always without one."""
+        if SKIP:
+            return tl.load(active_ptr + token) != 0
+        return token >= 0
+
+    @triton.jit
     def gate_up_kernel(x_ptr, w_ptr, scale_ptr, offset_ptr, s_gate_ptr, s_up_ptr, logits_ptr, ids_ptr, routing_ptr,
-                       h_ptr, hs_ptr, pairs, stride_we, stride_se, H: tl.constexpr, I: tl.constexpr,
+                       h_ptr, hs_ptr, active_ptr, pairs, stride_we, stride_se, H: tl.constexpr, I: tl.constexpr,
                        IS: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr, ROUTE: tl.constexpr,
-                       NORM: tl.constexpr, SHARED: tl.constexpr, QUANT: tl.constexpr, G_UP: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       NORM: tl.constexpr, SHARED: tl.constexpr, QUANT: tl.constexpr, SKIP: tl.constexpr,
+                       G_UP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pair = tl.program_id(0)  # token * TOP_K + slot for routed experts; pairs + token for the shared expert
         block = tl.program_id(1)
         rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -274,7 +304,7 @@ if triton is not None:
                     tl.store(routing_ptr + pair, rounded(weight, dtype).to(dtype))
             else:
                 expert = tl.load(ids_ptr + pair)
-            if block * BLOCK_N < I:
+            if (block * BLOCK_N < I) & _takes_part(active_ptr, token, SKIP):
                 row_ok = rows < I
                 x_row = x_ptr + token.to(tl.int64) * H
                 if QUANT:  # int4.py's packed rows: H/2 bytes and H/128 scales and offsets a row
@@ -291,7 +321,7 @@ if triton is not None:
                 tl.store(h_ptr + pair.to(tl.int64) * I + rows, h.to(dtype), mask=row_ok)
         elif SHARED:
             token = pair - pairs
-            if block * BLOCK_N < IS:
+            if (block * BLOCK_N < IS) & _takes_part(active_ptr, token, SKIP):
                 row_ok = rows < IS
                 offset = rows[:, None].to(tl.int64) * H
                 h = _gate_up_rows(x_ptr + token.to(tl.int64) * H, s_gate_ptr + offset, s_up_ptr + offset, rows,
@@ -300,42 +330,45 @@ if triton is not None:
 
     @triton.jit
     def down_kernel(h_ptr, hs_ptr, w_ptr, scale_ptr, offset_ptr, s_down_ptr, s_router_ptr, x_ptr, ids_ptr, routing_ptr,
-                    out_ptr, stride_we, stride_se, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
-                    TOP_K: tl.constexpr, SHARED: tl.constexpr, QUANT: tl.constexpr, G_DOWN: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    out_ptr, active_ptr, stride_we, stride_se, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
+                    TOP_K: tl.constexpr, SHARED: tl.constexpr, QUANT: tl.constexpr, SKIP: tl.constexpr,
+                    G_DOWN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         token = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < H
         dtype = out_ptr.dtype.element_ty
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for slot in tl.static_range(TOP_K):  # sum over the experts in fp32, each term rounded as the library's
-            pair = token * TOP_K + slot
-            expert = tl.load(ids_ptr + pair).to(tl.int64)
-            scale = tl.load(routing_ptr + pair).to(tl.float32)
-            h_row = h_ptr + pair.to(tl.int64) * I
-            if QUANT:
-                acc = rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * (I // 2),
-                               scale_ptr + expert * stride_se + rows * (I // G_DOWN),
-                               offset_ptr + expert * stride_se + rows * (I // G_DOWN), h_row, row_ok, I, G_DOWN,
-                               BLOCK_N, BLOCK_K)
-            else:
-                acc = _rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * I, h_row, row_ok, I,
-                                BLOCK_N, BLOCK_K)
-            total += rounded(rounded(acc, dtype) * scale, dtype)
-        result = rounded(total, dtype)
-        if SHARED:  # out = routed + sigmoid(x . shared_gate) * shared_down(h_shared), as the Talker's block does
-            acc = _rows_dot(s_down_ptr + rows[:, None].to(tl.int64) * IS, hs_ptr + token.to(tl.int64) * IS,
-                            row_ok, IS, BLOCK_N, BLOCK_K)
-            gate_dot = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for start in range(0, H, BLOCK_K):
-                cols = start + tl.arange(0, BLOCK_K)
-                col_ok = cols < H
-                xv = tl.load(x_ptr + token.to(tl.int64) * H + cols, mask=col_ok, other=0.0).to(tl.float32)
-                gv = tl.load(s_router_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-                gate_dot += xv * gv
-            gate = rounded(tl.sum(gate_dot, axis=0), dtype)
-            sigmoid = rounded(1.0 / (1.0 + tl.exp(-gate)), dtype)
-            result = rounded(result + rounded(sigmoid * rounded(acc, dtype), dtype), dtype)
-        tl.store(out_ptr + token.to(tl.int64) * H + rows, result.to(dtype), mask=row_ok)
+        if _takes_part(active_ptr, token, SKIP):
+            total = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for slot in tl.static_range(TOP_K):  # sum over the experts in fp32, each term rounded as the library's
+                pair = token * TOP_K + slot
+                expert = tl.load(ids_ptr + pair).to(tl.int64)
+                scale = tl.load(routing_ptr + pair).to(tl.float32)
+                h_row = h_ptr + pair.to(tl.int64) * I
+                if QUANT:
+                    acc = rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * (I // 2),
+                                   scale_ptr + expert * stride_se + rows * (I // G_DOWN),
+                                   offset_ptr + expert * stride_se + rows * (I // G_DOWN), h_row, row_ok, I, G_DOWN,
+                                   BLOCK_N, BLOCK_K)
+                else:
+                    acc = _rows_dot(w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * I, h_row, row_ok, I,
+                                    BLOCK_N, BLOCK_K)
+                total += rounded(rounded(acc, dtype) * scale, dtype)
+            result = rounded(total, dtype)
+            if SHARED:  # out = routed + sigmoid(x . shared_gate) * shared_down(h_shared), as the Talker's block does
+                acc = _rows_dot(s_down_ptr + rows[:, None].to(tl.int64) * IS, hs_ptr + token.to(tl.int64) * IS,
+                                row_ok, IS, BLOCK_N, BLOCK_K)
+                gate_dot = tl.zeros([BLOCK_K], dtype=tl.float32)
+                for start in range(0, H, BLOCK_K):
+                    cols = start + tl.arange(0, BLOCK_K)
+                    col_ok = cols < H
+                    xv = tl.load(x_ptr + token.to(tl.int64) * H + cols, mask=col_ok, other=0.0).to(tl.float32)
+                    gv = tl.load(s_router_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                    gate_dot += xv * gv
+                gate = rounded(tl.sum(gate_dot, axis=0), dtype)
+                sigmoid = rounded(1.0 / (1.0 + tl.exp(-gate)), dtype)
+                result = rounded(result + rounded(sigmoid * rounded(acc, dtype), dtype), dtype)
+            tl.store(out_ptr + token.to(tl.int64) * H + rows, result.to(dtype), mask=row_ok)
+        else:  # a row sitting the step out: zeros, no weights read
+            tl.store(out_ptr + token.to(tl.int64) * H + rows, tl.zeros([BLOCK_N], dtype=dtype), mask=row_ok)
 
     _KERNELS = types.SimpleNamespace(gate_up=gate_up_kernel, down=down_kernel)
