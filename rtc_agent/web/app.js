@@ -878,6 +878,7 @@ class App {
     const card = el("div", "call");
     card.setAttribute("role", "group");
     card.setAttribute("aria-label", `Function call ${msg.name}`);
+    card.dataset.callId = msg.call_id;
     const head = el("p", "call-head", "");
     const status = el("span", "call-status", "calling…");
     head.append(el("span", "call-tag", "Function call"), el("code", "call-name", msg.name ?? ""), status);
