@@ -233,7 +233,11 @@ def test_function_calls_are_shown_and_answered(new_page: Callable[..., Any], ser
     page.goto(server.url + "/?mode=call")
     page.get_by_role("button", name="Settings").last.click()
     page.get_by_label("Push-to-talk").check()  # one turn at a time: the fake microphone's WAV loops
+    page.get_by_role("button", name="Fill in an example").click()  # the tool choice offers each function
+    assert len(json.loads(page.get_by_label("Functions the agent may call").input_value())) == 2
+    page.get_by_label("Tool choice").select_option(label="add_to_list: every answer calls it")
     page.get_by_role("button", name="Apply").click()
+    wait(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).toolChoice === 'function:add_to_list'", 5)
     set_tools(page, json.dumps(TOOLS), "required: every answer is a call")
     wait(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).toolChoice === 'required'", 5)
     page.get_by_role("button", name="Start call").click()
