@@ -943,7 +943,6 @@ class App {
     this.call.send({ type: "conversation.item.create", item: { type: "function_call_output", call_id: call.id,
       output } });
     call.sent = true;
-    call.output = output;
     for (const c of form.elements) c.disabled = true;
     this.setCallStatus(call, "result sent", "sent");
     this.continueAfterCalls(this.responses.get(call.responseId));
@@ -1091,12 +1090,13 @@ class App {
       location.assign(url);
       return;
     }
+    // The tools go first, in a message of their own: when the server refuses them, the rest still applies.
+    // (Without a call they go when the next one starts.)
+    if (s.tools !== before.tools || s.toolChoice !== before.toolChoice || this.toolsError) {
+      this.sendTools(this.toolsUpdate());
+    }
     this.applySettingsToUi();
     if (this.call) {
-      // The tools go first, in a message of their own: when the server refuses them, the rest still applies.
-      if (s.tools !== before.tools || s.toolChoice !== before.toolChoice || this.toolsError) {
-        this.sendTools(this.toolsUpdate());
-      }
       const update = {};
       if (s.voice !== before.voice && s.voice) update.voice = s.voice;
       if (s.instructions !== before.instructions) update.instructions = s.instructions;
@@ -1156,10 +1156,9 @@ class App {
 
   /** Sends a tools update; session.updated or the server's error about it settles it (see onEvent). */
   sendTools(update) {
-    this.toolsSent = update;
     this.toolsError = "";
     this.showToolsError("");
-    this.call?.updateSession(update);
+    if (this.call?.updateSession(update)) this.toolsSent = update;
   }
 
   toolsUpdated(session) {
