@@ -9,12 +9,23 @@ const MIC_THRESHOLD = 0.01; // caller speech (RMS) for the end-of-speech time
 const AGENT_THRESHOLD = 0.0005; // first answer audio (about -66 dBFS RMS: decoded silence is far below)
 const PTT_TAIL_MS = 150; // keep sending this long after release so the last syllable reaches the server first
 const RESUME_RETRY_MS = 1000; // between attempts to resume a call whose connection died
+const MAX_TOOLS_CHARS = 60000; // the server takes data-channel messages of at most 64 KiB
+const TOOL_RESULT = '{"ok": true}'; // what a call's result box starts with
+// "Fill in an example": two tools whose strings are bounded (maxLength), so that a call fits in an answer
+const EXAMPLE_TOOLS = [
+  { type: "function", name: "set_heating", description: "Set the seat heating of one row of the car.",
+    parameters: { type: "object", required: ["zone", "level"], properties: {
+      zone: { type: "string", enum: ["front", "back"] }, level: { type: "integer", minimum: 0, maximum: 5 } } } },
+  { type: "function", name: "add_to_list", description: "Add items to the shopping list.",
+    parameters: { type: "object", required: ["items"], properties: {
+      items: { type: "array", items: { type: "string", maxLength: 20 }, minItems: 1, maxItems: 3 } } } },
+];
 const $ = (id) => document.getElementById(id);
 
 // ---- settings, mode, token ------------------------------------------------------------------------------
 function loadSettings() {
   const defaults = { voice: "", instructions: "", processing: true, ptt: false, turn: "", micId: "", camId: "",
-    mode: "" };
+    mode: "", tools: "", toolChoice: "auto" };
   try {
     return { ...defaults, ...JSON.parse(localStorage.getItem(STORE) || "{}") };
   } catch {
@@ -24,6 +35,34 @@ function loadSettings() {
 
 function saveSettings(s) {
   try { localStorage.setItem(STORE, JSON.stringify(s)); } catch { /* private mode */ }
+}
+
+/** The tools box's text: {tools} (a list; empty text is none) or {error}, said for the box. */
+function parseTools(text) {
+  const src = text.trim();
+  if (!src) return { tools: [] };
+  if (src.length > MAX_TOOLS_CHARS) return { error: `The tools are too long (at most ${MAX_TOOLS_CHARS} characters).` };
+  let tools;
+  try {
+    tools = JSON.parse(src);
+  } catch (err) {
+    return { error: `Not valid JSON: ${err.message}` };
+  }
+  if (!Array.isArray(tools)) return { error: 'The tools must be a JSON list: [{"type": "function", "name": …}, …]' };
+  return { tools };
+}
+
+function toolNames(tools) {
+  return [...new Set(tools.filter((t) => typeof t?.name === "string" && t.name).map((t) => t.name))];
+}
+
+/** The tool choice select's value as session.update takes it: "auto", "none", "required" or a named function. */
+function toolChoice(value) {
+  return value.startsWith("function:") ? { type: "function", name: value.slice("function:".length) } : value;
+}
+
+function choiceText(choice) {
+  return typeof choice === "object" && choice ? `always ${choice.name}` : String(choice);
 }
 
 function resolveMode(params, settings) {
@@ -91,6 +130,9 @@ class App {
     this.lastResumeMs = null; // how long the last resume took, from the connection's loss to the new one
     this.sessionInfo = null;
     this.events = []; // the server's event types, in order (for diagnostics and tests)
+    this.calls = new Map(); // function calls by call_id: {id, name, args, done, cut, sent, responseId, ...}
+    this.toolsSent = null; // the tools update on its way to the server, until session.updated or its error
+    this.toolsError = ""; // the server's refusal of the last tools update, shown next to the box
     this._retryTimer = null;
     this._statsTimer = null;
     this._raf = 0;
@@ -106,6 +148,14 @@ class App {
     $("screen-btn").addEventListener("click", () => this.toggleScreen());
     for (const id of ["settings-btn", "settings-btn-2"]) $(id).addEventListener("click", () => this.openSettings());
     $("settings").addEventListener("close", () => this.closeSettings());
+    $("settings-form").addEventListener("submit", (e) => {
+      if (e.submitter?.value === "apply" && !this.checkTools()) e.preventDefault(); // the dialog stays open
+    });
+    $("tools").addEventListener("input", () => this.onToolsInput());
+    $("tools-example").addEventListener("click", () => {
+      $("tools").value = JSON.stringify(EXAMPLE_TOOLS, null, 2);
+      this.onToolsInput();
+    });
     $("alert-close").addEventListener("click", () => this.hideAlert());
     $("token-form").addEventListener("submit", (e) => {
       e.preventDefault();
@@ -181,6 +231,9 @@ class App {
     $("processing").checked = s.processing;
     $("ptt").checked = s.ptt;
     $("turn").value = s.turn;
+    $("tools").value = s.tools;
+    this.fillToolChoice(toolNames(parseTools(s.tools).tools ?? []), s.toolChoice);
+    this.showToolsError(this.toolsError);
     $("ptt-btn").hidden = !s.ptt;
     document.documentElement.dataset.ptt = s.ptt ? "on" : "off";
     for (const r of document.querySelectorAll('input[name="mode"]')) r.checked = r.value === this.mode;
@@ -390,6 +443,8 @@ class App {
     if (this.settings.ptt || this.settings.turn) {
       call.updateSession({ turn_detection: await this.turnDetection() });
     }
+    const tools = this.toolsUpdate();
+    if (tools.tools.length || tools.tool_choice !== "auto") this.sendTools(tools);
     this.addNote(this.reconnects ? "Reconnected" : this.responses.size ? "New call" : "Call started");
     this.reconnects = 0;
     this.hideAlert();
@@ -459,6 +514,7 @@ class App {
   callEnded(reason) {
     const call = this.call;
     this.call = null;
+    this.closeCalls();
     call?.hangup();
     if (this.mode === "kiosk") {
       this.retryLater(500, { title: "Connection lost", text: `${reason} Reconnecting…` });
@@ -517,6 +573,7 @@ class App {
     this.endAnswerState();
     if (this.pttHeld) this.pttHeld = false;
     if (call) this.addNote("Call ended");
+    this.closeCalls();
     this.releaseMedia();
     this.hideAlert();
     this.setState(call ? "ended" : "idle");
@@ -601,6 +658,7 @@ class App {
       case "session.updated":
         this.sessionInfo = msg.session ?? null;
         if (Array.isArray(msg.session?.output_modalities)) this.setTextMode(msg.session.output_modalities[0] === "text");
+        if (msg.type === "session.updated" && msg.session) this.toolsUpdated(msg.session);
         break;
       case "conversation.state":
         if (msg.state === "thinking" && this.state !== "speaking") this.setState("thinking");
@@ -623,11 +681,19 @@ class App {
       case "response.output_text.delta": // text mode: the answer is written, not spoken
         this.transcriptDelta(msg.response_id, msg.delta ?? "");
         break;
+      case "response.function_call_arguments.delta":
+        this.callArguments(msg, false);
+        break;
+      case "response.function_call_arguments.done":
+        this.callArguments(msg, true);
+        break;
       case "response.done":
         this.responseDone(msg.response ?? {});
         break;
       case "error":
-        this.serverError(msg.error ?? {});
+        // The server's complaints about tools name them ("tools[1] (name): …", "tool_choice …").
+        if (/^tool/.test(msg.error?.message ?? "")) this.toolsRefused(msg.error.message);
+        else this.serverError(msg.error ?? {});
         break;
       default:
         break;
@@ -694,7 +760,8 @@ class App {
     li.classList.add("live");
     li.querySelector(".text").textContent = "";
     li.querySelector(".text").classList.add("waiting");
-    const r = { id, li, text: "", interrupted: false, ttfp_ms: null, heard_ms: null, done: false };
+    const r = { id, li, text: "", interrupted: false, ttfp_ms: null, heard_ms: null, done: false, calls: [],
+      continued: false };
     $("kiosk-line").textContent = "";
     this.responses.set(id, r);
     this.current = r;
@@ -708,6 +775,7 @@ class App {
     r.text += delta;
     const text = r.li.querySelector(".text");
     text.classList.remove("waiting");
+    text.hidden = false;
     text.textContent = r.text;
     $("kiosk-line").textContent = tail(r.text, 160);
     this.scrollLog();
@@ -726,6 +794,8 @@ class App {
     const text = r.li.querySelector(".text");
     text.classList.remove("waiting");
     text.textContent = r.text || (r.interrupted ? "" : "(no words)");
+    text.hidden = !r.text && r.calls.length > 0; // an answer of calls only: the calls say it
+    for (const call of r.calls) if (!call.done) this.callCut(call);
     r.li.classList.remove("live");
     r.li.removeAttribute("aria-busy");
     r.li.classList.toggle("cut", r.interrupted);
@@ -742,6 +812,7 @@ class App {
     this.turns.push({ id: r.id, text: r.text, interrupted: r.interrupted, ttfp_ms: r.ttfp_ms, heard_ms: r.heard_ms,
       frames: m.frames ?? null, audio_s: m.audio_s ?? null });
     this.showLatency(r);
+    this.continueAfterCalls(r);
     if (this.current === r) this.current = null;
     if (["thinking", "speaking"].includes(this.state)) {
       // The last packets still play for a moment after the server is done with them.
@@ -784,6 +855,117 @@ class App {
     $("lat-server").textContent = r.ttfp_ms != null ? fmtMs(r.ttfp_ms) : r.done ? "–" : "…";
     $("lat-text-item").hidden = !this.textMode || r.ttft_ms == null;
     $("lat-text").textContent = r.ttft_ms != null ? fmtMs(r.ttft_ms) : "–";
+  }
+
+  // ---- function calls ------------------------------------------------------------------------------
+  /** A function call's arguments as they stream (`done`: whole, with its result box). */
+  callArguments(msg, done) {
+    const call = this.calls.get(msg.call_id) ?? this.newCall(msg);
+    if (!call || call.done) return;
+    call.args = done ? msg.arguments ?? call.args : call.args + (msg.delta ?? "");
+    call.argsEl.textContent = call.args;
+    if (done) {
+      call.done = true;
+      this.setCallStatus(call, "done", "done");
+      call.card.append(this.resultForm(call));
+    }
+    this.scrollLog();
+  }
+
+  newCall(msg) {
+    const r = (msg.response_id && this.responses.get(msg.response_id)) || this.current;
+    if (!r || !msg.call_id) return null;
+    const card = el("div", "call");
+    card.setAttribute("role", "group");
+    card.setAttribute("aria-label", `Function call ${msg.name}`);
+    card.dataset.callId = msg.call_id;
+    const head = el("p", "call-head", "");
+    const status = el("span", "call-status", "calling…");
+    head.append(el("span", "call-tag", "Function call"), el("code", "call-name", msg.name ?? ""), status);
+    const argsEl = el("pre", "call-args", "");
+    card.append(head, argsEl);
+    r.li.insertBefore(card, r.li.querySelector(".meta")); // (null: at the end)
+    if (!r.text) r.li.querySelector(".text").hidden = true;
+    const call = { id: msg.call_id, name: msg.name ?? "", args: "", done: false, cut: false, sent: false,
+      responseId: r.id, card, argsEl, status };
+    r.calls.push(call);
+    this.calls.set(call.id, call);
+    return call;
+  }
+
+  setCallStatus(call, text, kind) {
+    call.status.textContent = text;
+    call.card.dataset.status = kind;
+  }
+
+  /** The answer ended (barge-in, cancel, length limit) while this call was being written: it is not kept. */
+  callCut(call) {
+    call.cut = true;
+    this.setCallStatus(call, "cut off: not kept", "cut");
+  }
+
+  /** The box a developer answers a whole call with: the function's result, then the answer goes on. */
+  resultForm(call) {
+    const form = el("form", "call-result");
+    const boxId = `result-${call.id}`;
+    const label = el("label", "", `Result of ${call.name}`);
+    label.htmlFor = boxId;
+    const box = el("textarea", "code");
+    Object.assign(box, { id: boxId, name: "output", rows: 2, maxLength: 8000, spellcheck: false, value: TOOL_RESULT });
+    const send = el("button", "btn", "Send result");
+    send.type = "submit";
+    form.append(label, box);
+    if (this.forcedToolChoice()) {
+      const auto = el("label", "check");
+      const tick = el("input");
+      Object.assign(tick, { type: "checkbox", name: "auto", checked: true });
+      auto.append(tick, el("span", "", "Then let the agent answer in words (tool choice auto)"));
+      form.append(auto);
+    }
+    form.append(send);
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.sendResult(call, form);
+    });
+    return form;
+  }
+
+  /** tool_choice "required" or a named function: the next answer would be a call again. */
+  forcedToolChoice() {
+    const choice = this.sessionInfo?.tool_choice;
+    return choice === "required" || (typeof choice === "object" && !!choice);
+  }
+
+  sendResult(call, form) {
+    if (!this.call || call.sent || call.ended) return;
+    if (form.elements.auto?.checked && this.forcedToolChoice()) this.switchToolChoiceToAuto();
+    const output = form.elements.output.value;
+    this.call.send({ type: "conversation.item.create", item: { type: "function_call_output", call_id: call.id,
+      output } });
+    call.sent = true;
+    for (const c of form.elements) c.disabled = true;
+    this.setCallStatus(call, "result sent", "sent");
+    this.continueAfterCalls(this.responses.get(call.responseId));
+  }
+
+  /** response.create once the answer is over and each of its whole calls has its result. */
+  continueAfterCalls(r) {
+    if (!r?.done || r.continued || !this.call) return;
+    const whole = r.calls.filter((c) => c.done);
+    if (!whole.length || whole.some((c) => !c.sent)) return;
+    r.continued = true;
+    this.armLatency(performance.now()); // the next answer is heard after this
+    this.call.send({ type: "response.create" });
+  }
+
+  /** The call is over: its function calls can no longer take results. */
+  closeCalls() {
+    for (const call of this.calls.values()) {
+      if (!call.done || call.sent || call.ended) continue;
+      call.ended = true;
+      for (const c of call.card.querySelector("form").elements) c.disabled = true;
+      this.setCallStatus(call, "call ended", "ended");
+    }
   }
 
   /** Text mode (a server without the Talker, or output_modalities ["text"]): answers are written, not spoken. */
@@ -895,6 +1077,8 @@ class App {
     s.turn = $("turn").value;
     s.micId = $("mic-select").value;
     s.camId = $("cam-select").value;
+    s.tools = $("tools").value;
+    s.toolChoice = $("tool-choice").value;
     const mode = document.querySelector('input[name="mode"]:checked')?.value || this.mode;
     s.mode = mode;
     saveSettings(s);
@@ -905,6 +1089,11 @@ class App {
       await this.hangup();
       location.assign(url);
       return;
+    }
+    // The tools go first, in a message of their own: when the server refuses them, the rest still applies.
+    // (Without a call they go when the next one starts.)
+    if (s.tools !== before.tools || s.toolChoice !== before.toolChoice || this.toolsError) {
+      this.sendTools(this.toolsUpdate());
     }
     this.applySettingsToUi();
     if (this.call) {
@@ -926,6 +1115,77 @@ class App {
     }
     this.applyTrackEnabled();
     if (this.camOn && s.camId !== before.camId) await this.startCamera();
+  }
+
+  // ---- tools -------------------------------------------------------------------------------------------
+  /** The tools box was edited: the tool choice offers its functions once the JSON parses. */
+  onToolsInput() {
+    const { tools } = parseTools($("tools").value);
+    if (!tools) return;
+    this.fillToolChoice(toolNames(tools), $("tool-choice").value);
+    this.showToolsError("");
+  }
+
+  fillToolChoice(names, value) {
+    const select = $("tool-choice");
+    for (const o of [...select.options]) if (o.value.startsWith("function:")) o.remove();
+    select.append(...names.map((n) => new Option(`${n}: every answer calls it`, `function:${n}`)));
+    select.value = [...select.options].some((o) => o.value === value) ? value : "auto";
+  }
+
+  showToolsError(text) {
+    $("tools-error").textContent = text;
+    $("tools-error").hidden = !text;
+    $("tools").toggleAttribute("aria-invalid", !!text);
+  }
+
+  /** Apply: the tools box must parse (else its error shows, with the focus on it, and nothing changes). */
+  checkTools() {
+    const { tools, error } = parseTools($("tools").value);
+    const choice = $("tool-choice").value;
+    const problem = error ?? (choice === "required" && !tools.length ? 'Tool choice "required" needs a tool.' : "");
+    this.showToolsError(problem);
+    if (problem) $("tools").focus();
+    return !problem;
+  }
+
+  /** session.update's tools and tool_choice for the saved settings. */
+  toolsUpdate() {
+    return { tools: parseTools(this.settings.tools).tools ?? [], tool_choice: toolChoice(this.settings.toolChoice) };
+  }
+
+  /** Sends a tools update; session.updated or the server's error about it settles it (see onEvent). */
+  sendTools(update) {
+    this.toolsError = "";
+    this.showToolsError("");
+    if (this.call?.updateSession(update)) this.toolsSent = update;
+  }
+
+  toolsUpdated(session) {
+    const sent = this.toolsSent;
+    const names = (list) => JSON.stringify(list.map((t) => t?.name));
+    if (!sent || JSON.stringify(session.tool_choice) !== JSON.stringify(sent.tool_choice)) return;
+    if (sent.tools && names(session.tools ?? []) !== names(sent.tools)) return;
+    this.toolsSent = null;
+    const list = (session.tools ?? []).map((t) => t.name).join(", ") || "none";
+    this.addNote(`Tools: ${list} · tool choice ${choiceText(session.tool_choice)}`);
+  }
+
+  toolsRefused(message) {
+    this.toolsSent = null;
+    this.toolsError = `The server refused the tools: ${message}. The call goes on with the tools it had.`;
+    this.showToolsError(this.toolsError);
+    this.addNote("Tools not accepted");
+    this.showAlert({ title: "The tools were not accepted", text: message,
+      action: { label: "Settings", fn: () => this.openSettings() } });
+  }
+
+  /** A call's "answer in words next": tool_choice auto, in the settings and on the server. */
+  switchToolChoiceToAuto() {
+    this.settings.toolChoice = "auto";
+    saveSettings(this.settings);
+    $("tool-choice").value = "auto";
+    this.sendTools({ tool_choice: "auto" });
   }
 
   /** session.update's turn_detection for the settings: null (push-to-talk), the chosen kind, or the server's. */
@@ -1069,6 +1329,14 @@ class App {
     clearTimeout(this._alertTimer);
     $("alert").hidden = true;
   }
+}
+
+/** An element with a class and text. */
+function el(tag, className = "", text = "") {
+  const e = document.createElement(tag);
+  if (className) e.className = className;
+  if (text) e.textContent = text;
+  return e;
 }
 
 function tail(text, n) {

@@ -5,6 +5,7 @@ caller speaks again every ~7 s: the tiny model's long answers get cut by that ba
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any, Callable
 
 import pytest
 from browser_harness import DESKTOP, INSECURE_HOST, PHONE, Server, dump, metric
+from rtc_support import TOOLS, valid_call
 
 pytestmark = pytest.mark.browser
 
@@ -199,6 +201,134 @@ def test_push_to_talk(new_page: Callable[..., Any], server: Server, artifacts: P
     wait(page, "rtcAgent.pending && rtcAgent.pending.heardMs != null", 20)
     assert app(page, "rtcAgent.micTrack.enabled") is False
     assert app(page, "rtcAgent.events.filter(e => e === 'error').length") == 0
+    page.get_by_role("button", name="Hang up").click()
+
+
+def talk_once(page: Any) -> None:
+    """One push-to-talk turn: hold the button until the server has heard an utterance end, then let go."""
+    heard = app(page, "rtcAgent.events.filter(e => e === 'input_audio_buffer.speech_stopped').length")
+    box = page.get_by_role("button", name="Hold to talk").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    wait(page, f"rtcAgent.events.filter(e => e === 'input_audio_buffer.speech_stopped').length > {heard}", 30)
+    page.mouse.up()
+
+
+def set_tools(page: Any, tools: str, choice: str | None = None) -> None:
+    """Settings: the tools box (and the tool choice, by its label), then Apply."""
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("Functions the agent may call").fill(tools)
+    if choice:
+        page.get_by_label("Tool choice").select_option(label=choice)
+    page.get_by_role("button", name="Apply").click()
+
+
+def test_function_calls_are_shown_and_answered(new_page: Callable[..., Any], server: Server,
+                                               artifacts: Path) -> None:
+    """Two tools and tool_choice "required" from the settings; a spoken question brings a call, streamed into the
+    transcript, whose arguments match their schema (jsonschema); its result from the page's box brings the answer
+    in words (tool_choice switched to auto). Bad tools JSON, or tools the server refuses, are shown next to the
+    box and change nothing."""
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call")
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("Push-to-talk").check()  # one turn at a time: the fake microphone's WAV loops
+    page.get_by_role("button", name="Fill in an example").click()  # the tool choice offers each function
+    assert len(json.loads(page.get_by_label("Functions the agent may call").input_value())) == 2
+    page.get_by_label("Tool choice").select_option(label="add_to_list: every answer calls it")
+    page.get_by_role("button", name="Apply").click()
+    wait(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).toolChoice === 'function:add_to_list'", 5)
+    set_tools(page, json.dumps(TOOLS), "required: every answer is a call")
+    wait(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).toolChoice === 'required'", 5)
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.sessionInfo.tool_choice === 'required' && rtcAgent.sessionInfo.tools.length === 2", 10)
+    assert page.locator("#log .note").filter(has_text="set_heating, add_to_list").count() == 1
+
+    # Not JSON: said next to the box, the dialog stays open, the call goes on with its tools.
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("Functions the agent may call").fill('[{"type": "function", "name": ')
+    page.get_by_role("button", name="Apply").click()
+    error = page.locator("#tools-error")
+    assert error.is_visible() and "Not valid JSON" in error.inner_text(), error.inner_text()
+    assert page.get_by_label("Functions the agent may call").get_attribute("aria-invalid") is not None
+    assert page.locator("#settings").evaluate("d => d.open")
+    before = inbound_audio(page)["packets"]
+    time.sleep(1)
+    assert inbound_audio(page)["packets"] > before and app(page, CONNECTED)
+    page.get_by_role("button", name="Cancel").click()
+
+    # JSON the server refuses (a schema of an unknown type): an alert, the reason next to the box, nothing changed.
+    bad = [*TOOLS, {"type": "function", "name": "bad", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integr"}}}}]
+    set_tools(page, json.dumps(bad))
+    alert = page.get_by_role("alert").filter(has_text="The tools were not accepted")
+    alert.wait_for()
+    assert "tools[2]" in alert.inner_text(), alert.inner_text()
+    assert app(page, "rtcAgent.sessionInfo.tool_choice === 'required' && rtcAgent.sessionInfo.tools.length === 2")
+    alert.get_by_role("button", name="Settings").click()  # the alert's way to the settings
+    assert "The server refused the tools: tools[2]" in error.inner_text(), error.inner_text()
+    shot(page, artifacts, "call-desktop-tools-refused")
+    page.get_by_label("Functions the agent may call").fill(json.dumps(TOOLS, indent=2))
+    page.get_by_role("button", name="Apply").click()
+    wait(page, "document.querySelectorAll('#log .note').length >= 4 && "
+               "[...document.querySelectorAll('#log .note')].at(-1).textContent.includes('tool choice required')", 10)
+    assert not error.is_visible()
+
+    # A spoken question: the answer is a call, streamed into the transcript (retried if the length limit cut it).
+    page.evaluate("""() => {
+        window.argTexts = [];
+        new MutationObserver(() => {
+            for (const card of document.querySelectorAll('#log .call'))
+                argTexts.push([card.dataset.callId, card.querySelector('.call-args').textContent]);
+        }).observe(document.getElementById('log'), {subtree: true, childList: true, characterData: true});
+    }""")
+    for _ in range(3):
+        answers = app(page, "rtcAgent.turns.length")
+        talk_once(page)
+        wait(page, f"rtcAgent.turns.length > {answers}", 90)
+        whole = app(page, "[...rtcAgent.calls.values()].filter(c => c.done).map(c => "
+                          "({id: c.id, name: c.name, args: c.args, responseId: c.responseId}))")
+        if whole:
+            break
+    assert whole, app(page, "rtcAgent.events.slice(-40)")
+    response_id = whole[-1]["responseId"]
+    calls = [c for c in whole if c["responseId"] == response_id]
+    for call in calls:
+        valid_call(call["name"], call["args"])  # parses and matches its tool's schema
+        card = page.locator(f'#log .call[data-call-id="{call["id"]}"]')
+        assert card.locator(".call-name").inner_text() == call["name"]
+        assert card.locator(".call-args").inner_text() == call["args"]
+        assert card.locator(".call-status").inner_text() == "done"
+        grown = [t for i, t in app(page, "argTexts") if i == call["id"]]
+        steps = [t for n, t in enumerate(grown) if t and (n == 0 or t != grown[n - 1])]
+        assert len(steps) >= 3 and all(call["args"].startswith(t) for t in steps), steps  # it grew as it came
+    events = app(page, "rtcAgent.events")
+    assert events.index("response.function_call_arguments.delta") < events.index(
+        "response.function_call_arguments.done")
+    shot(page, artifacts, "call-desktop-function-call")
+
+    # The developer answers each call of that answer from its box: output, tool_choice auto, then response.create.
+    mark = len(app(page, "rtcAgent.events"))
+    answers = app(page, "rtcAgent.turns.length")
+    for call in calls:
+        card = page.locator(f'#log .call[data-call-id="{call["id"]}"]')
+        box = card.get_by_label(f"Result of {call['name']}")
+        assert box.input_value() == '{"ok": true}'
+        box.fill(json.dumps({"ok": True, "call": call["name"]}))
+        assert card.get_by_label("Then let the agent answer in words").is_checked()
+        card.get_by_role("button", name="Send result").click()
+        assert card.locator(".call-status").inner_text() == "result sent"
+    wait(page, "rtcAgent.sessionInfo.tool_choice === 'auto'", 10)
+    assert page.locator("#tool-choice").input_value() == "auto"
+    wait(page, f"rtcAgent.events.slice({mark}).includes('response.created')", 30)
+    audio = inbound_audio(page)
+    wait(page, f"rtcAgent.events.slice({mark}).includes('response.output_audio_transcript.delta')", 60)
+    wait(page, f"rtcAgent.responses.size > {answers} && [...rtcAgent.responses.values()].at(-1).text.trim()", 30)
+    time.sleep(1)
+    assert inbound_audio(page)["energy"] > audio["energy"]  # the answer is spoken
+    assert app(page, "rtcAgent.events.filter(e => e === 'error').length") == 1  # the refused tools only
+    shot(page, artifacts, "call-desktop-function-call-answered")
     page.get_by_role("button", name="Hang up").click()
 
 
