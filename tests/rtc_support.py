@@ -115,11 +115,6 @@ class RecordingSession:
         self.pushed.append(("image", at, image.shape))
         await self.session.push_image(image, at)
 
-    async def prepare_answer(self, samples: np.ndarray | None = None, at: float | None = None) -> None:
-        if samples is not None:  # the turn's last audio, pushed with the preparation
-            self.pushed.append(("audio", at, samples.shape))
-        await self.session.prepare_answer(samples, at)
-
 
 class RecordingEngine:
     """The shared tiny engine, handing out RecordingSessions (for `server(engine_=RecordingEngine())`)."""

@@ -17,8 +17,7 @@ def _answer(result) -> tuple[list[int], list[tuple[int, ...]]]:
 
 
 async def _turns(session, pieces: list[np.ndarray | str]) -> list:
-    """Push each piece of audio; "flush" and "prepare" at the pauses (("prepare with", audio): that audio pushed
-    with the preparation); "respond" ends a turn. The answers."""
+    """Push each piece of audio; "flush" and "prepare" at the pauses; "respond" ends a turn. The answers."""
     answers = []
     for piece in pieces:
         if isinstance(piece, np.ndarray):
@@ -28,8 +27,6 @@ async def _turns(session, pieces: list[np.ndarray | str]) -> list:
             await session.flush()
         elif piece == "prepare":
             await session.prepare_answer()
-        elif isinstance(piece, tuple):  # ("prepare with", audio): the turn's last audio and the preparation at once
-            await session.prepare_answer(piece[1])
         else:
             answers.append(await one_turn(session, piece[:0]))
     return answers
@@ -76,12 +73,3 @@ def test_a_call_that_ends_with_an_answer_prepared_gives_its_slot_back():
     assert engine.pool.free == free - 1
     run(session.close())
     assert engine.pool.free == free
-
-
-def test_the_turns_last_audio_pushed_with_the_preparation_gives_the_same_answer():
-    """What the call server does when the turn's last audio is still queued as it pauses: one urgent job."""
-    said, tail, next_turn = caller_audio(1.4, seed=12), caller_audio(0.3, seed=13), caller_audio(1.0, seed=14)
-    together = _run_turns([said, ("prepare with", tail), "respond", next_turn, "respond"])
-    apart = _run_turns([said, tail, "prepare", "respond", next_turn, "respond"])
-    assert [_answer(a) for a in together] == [_answer(a) for a in apart]
-    assert together[0][2].metrics["ready_before_ms"] >= 0

@@ -307,33 +307,14 @@ class Session:
         if self._context is not None and not self._answering:
             await self._run_turn(self._context.flush)
 
-    async def prepare_answer(self, samples: np.ndarray | None = None, at: float | None = None) -> None:
+    async def prepare_answer(self) -> None:
         """The caller paused and may be done (a call server's hang-over has begun): prefill the turn and make its
         answer ready, so that `respond()` at the turn's end starts speaking at once. Audio pushed after this is the
         turn's trailing silence: push it only if the caller speaks again (a push, text or an abort undoes the
-        preparation first); video frames can still be pushed. No effect during an answer.
-
-        `samples` (and `at`, as `push_audio` takes them): the turn's last audio, pushed in the same urgent job.
-        Why: pushed on its own, that audio waits behind other calls' work as any caller audio does (hundreds of
-        milliseconds with 24 callers), and the preparation after it."""
+        preparation first); video frames can still be pushed. No effect during an answer."""
         self._check_open()
-        if samples is not None:
-            samples = audio_input.check_samples(samples)
-            at = _check_time(at) if at is not None else None
-            if self._answering:
-                self._buffered.append((samples, at))
-                return
-            await self._ready_context()
-        if self._context is None or self._answering:
-            return
-        context = self._context
-
-        def work():
-            if samples is not None:
-                yield from context.add_audio(samples, at)
-            return (yield from context.prepare_answer())
-
-        await self._run_turn(work, urgent=True)
+        if self._context is not None and not self._answering:
+            await self._run_turn(self._context.prepare_answer, urgent=True)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait

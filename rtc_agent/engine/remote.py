@@ -214,8 +214,8 @@ class RemoteSession:
     async def flush(self) -> None:
         await self._request("flush")
 
-    async def prepare_answer(self, samples: np.ndarray | None = None, at: float | None = None) -> None:
-        await self._request("prepare_answer", samples, at)
+    async def prepare_answer(self) -> None:
+        await self._request("prepare_answer")
 
     async def abort_turn(self) -> None:
         await self._request("abort_turn")
