@@ -188,7 +188,7 @@ def markdown(results: dict[str, Any]) -> str:
             cut = fmt(r["cut_in"]) + (f" (at P {fmt(r['cut_probability'])})" if r.get("cut_probability") else "")
             who = f" ({r['voice']})" if r.get("voice") else ""
             lines.append(f"| {r['text']}{who} | {fmt(r['probability'])} | {fmt(r['wait_ms'])} | {fmt(r['heard_ms'])} "
-                         f"| {cut if r['kind'] == 'paused' else fmt(r['cut_in'])} |")
+                         f"| {cut if r['kind'] != 'question' else fmt(r['cut_in'])} |")
         lines.append("")
         for kind, s in summary(rows).items():
             lines.append(f"- {kind}s ({s['n']}): heard P50 {fmt(s['heard_p50_ms'])} ms, P90 {fmt(s['heard_p90_ms'])} ms "
