@@ -6,6 +6,7 @@ spoken by the project's aiortc client to a real server, in each turn-detection m
     .venv/bin/python scripts/turn_latency.py --speech tuning      # the sentences semantic_vad was tuned on
     .venv/bin/python scripts/turn_latency.py --url http://127.0.0.1:8120 --modes semantic_vad:auto,server_vad:400
     .venv/bin/python scripts/turn_latency.py --callers 8 --sets questions   # 8 calls at once
+    .venv/bin/python scripts/turn_latency.py --speech real        # recordings of people (scripts/real_speech.py)
 
 Per sentence: the end-of-turn probability and the wait chosen (response.done's `end_of_turn`), the heard latency
 (end of speech in the WAV -> first answer audio arriving at the caller), and whether the turn was ended inside
@@ -34,6 +35,8 @@ from rtc_agent.client.microphone import RATE, Microphone
 from rtc_agent.client.peer import Call
 from rtc_agent.media.ice import use_host_addresses
 from turn_speech import SETS, Sentence, speech_set
+
+KINDS = ("question", "finished", "paused", "unfinished")  # real speech has finished, paused and unfinished
 
 GAP_AFTER_S = 0.4  # quiet between one sentence's answer and the next sentence
 WAIT_S = 12.0  # longest wait for a sentence's answer after its speech ends
@@ -76,7 +79,8 @@ async def speak(call: Call, mic: Microphone, sentence: Sentence) -> dict[str, An
     eot = (final or {}).get("metrics", {}).get("end_of_turn", {})
     cut_in = any(t < t_end for t in commits)
     row: dict[str, Any] = {
-        "kind": sentence.kind, "text": sentence.text, "probability": eot.get("probability"),
+        "kind": sentence.kind, "text": sentence.text, "id": sentence.id, "voice": sentence.voice,
+        "probability": eot.get("probability"),
         "wait_ms": eot.get("wait_ms"), "decisions": eot.get("decisions"),
         "decision_cpu_ms": eot.get("decision_cpu_ms", []),
         "heard_ms": None if heard is None else round((heard - t_end) * 1000),
@@ -132,7 +136,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for kind in ("question", "paused"):
+    for kind in KINDS:
         rs = [r for r in rows if r["kind"] == kind]
         if not rs:
             continue
@@ -182,8 +186,9 @@ def markdown(results: dict[str, Any]) -> str:
                   "|---|---|---|---|---|"]
         for r in rows:
             cut = fmt(r["cut_in"]) + (f" (at P {fmt(r['cut_probability'])})" if r.get("cut_probability") else "")
-            lines.append(f"| {r['text']} | {fmt(r['probability'])} | {fmt(r['wait_ms'])} | {fmt(r['heard_ms'])} "
-                         f"| {cut if r['kind'] == 'paused' else fmt(r['cut_in'])} |")
+            who = f" ({r['voice']})" if r.get("voice") else ""
+            lines.append(f"| {r['text']}{who} | {fmt(r['probability'])} | {fmt(r['wait_ms'])} | {fmt(r['heard_ms'])} "
+                         f"| {cut if r['kind'] != 'question' else fmt(r['cut_in'])} |")
         lines.append("")
         for kind, s in summary(rows).items():
             lines.append(f"- {kind}s ({s['n']}): heard P50 {fmt(s['heard_p50_ms'])} ms, P90 {fmt(s['heard_p90_ms'])} ms "
@@ -226,14 +231,21 @@ async def main() -> None:
     p.add_argument("--port", type=int, default=8120)
     p.add_argument("--modes", default="semantic_vad:auto,server_vad:400",
                    help="comma-separated: semantic_vad:<eagerness>, server_vad:<silence ms>")
-    p.add_argument("--speech", choices=SETS, default="heldout",
-                   help="the speech set (scripts/turn_speech.py): heldout is what is reported, tuning what was tuned on")
-    p.add_argument("--sets", default="questions,paused", help="questions, paused or both")
+    p.add_argument("--speech", choices=SETS + ("real",), default="heldout",
+                   help="the speech set (scripts/turn_speech.py): heldout is what is reported, tuning what was "
+                        "tuned on; real: recordings of people (scripts/real_speech.py --fetch first; held out, "
+                        "never tuned on)")
+    p.add_argument("--sets", help="questions, paused or both (default); for --speech real: finished, paused, "
+                                  "unfinished (default all three)")
     p.add_argument("--callers", type=int, default=1, help="calls at once (each speaks the whole set)")
     p.add_argument("--json", help="write every row and the summaries here")
     args = p.parse_args()
     use_host_addresses(("127.0.0.1",))
-    sentences = speech_set(args.speech, args.sets.split(","), RATE)
+    if args.speech == "real":
+        from real_speech import KINDS as REAL_KINDS, real_set
+        sentences = real_set((args.sets or ",".join(REAL_KINDS)).split(","), RATE)
+    else:
+        sentences = speech_set(args.speech, (args.sets or "questions,paused").split(","), RATE)
     modes = args.modes.split(",")
     load = os.getloadavg()
     async with (contextlib.nullcontext(args.url) if args.url else own_server(args.port, max(4, args.callers))) as url:

@@ -131,6 +131,8 @@ class Sentence:
     samples: np.ndarray  # mono float32 at the rate asked for
     end: int  # last speech sample
     pause: tuple[int, int] | None  # the mid-sentence pause: first and last silent sample
+    id: str = ""  # real speech (scripts/real_speech.py): the clip's name
+    voice: str = ""  # and who speaks
 
 
 VOICES = ("espeak-ng", "flite:slt", "flite:rms", "flite:awb", "flite:kal16")  # flite: `apt-get install flite`
