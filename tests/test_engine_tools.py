@@ -16,7 +16,7 @@ from engine_helpers import caller_audio, engine_for, run
 from rtc_agent.engine import ResponseDone, SessionOptions, SpeechFrame, TextDelta
 from rtc_agent.engine.bench import BENCH_TOOLS
 from rtc_agent.engine.events import ToolCallArguments, ToolCallDone, ToolCallStarted
-from rtc_agent.engine.tools import AnswerCalls, Tool, ToolSet
+from rtc_agent.engine.tools import DEFAULT_MAX_ITEMS, DEFAULT_MAX_STRING, AnswerCalls, Tool, ToolSet, bounded
 
 TOOLS = BENCH_TOOLS
 SCHEMAS = {tool.name: tool.schema for tool in TOOLS}
@@ -203,3 +203,13 @@ def test_with_auto_the_text_goes_on_until_the_model_opens_a_call_then_the_call_i
             jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
             pieces = "".join(e.delta for e in events if isinstance(e, ToolCallArguments) and e.index == call.index)
             assert pieces == call.arguments
+
+
+def test_what_a_schema_leaves_open_is_bounded_and_what_it_says_is_kept():
+    schema = {"type": "object", "properties": {
+        "note": {"type": ["string", "null"]}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 9}},
+        "mode": {"enum": ["a", "b"]}, "inner": {"type": "object", "additionalProperties": True}}}
+    assert bounded(schema) == {"type": "object", "additionalProperties": False, "properties": {
+        "note": {"type": ["string", "null"], "maxLength": DEFAULT_MAX_STRING},
+        "tags": {"type": "array", "maxItems": DEFAULT_MAX_ITEMS, "items": {"type": "string", "maxLength": 9}},
+        "mode": {"enum": ["a", "b"]}, "inner": {"type": "object", "additionalProperties": True}}}

@@ -136,23 +136,25 @@ def bounded(schema: Any) -> Any:
         return [bounded(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: (bounded(v) if k not in ("enum", "const", "default", "examples", "required") else v)
+    out = {k: (bounded(v) if k not in ("enum", "const", "default", "examples", "required", "properties") else v)
            for k, v in schema.items()}
-    if k_of(out) == "string" and "maxLength" not in out and "enum" not in out and "const" not in out:
+    types = _types(out)
+    if "string" in types and "maxLength" not in out and "enum" not in out and "const" not in out:
         out["maxLength"] = DEFAULT_MAX_STRING
-    if k_of(out) == "array" and "maxItems" not in out:
+    if "array" in types and "maxItems" not in out:
         out["maxItems"] = DEFAULT_MAX_ITEMS
-    if k_of(out) == "object" and "additionalProperties" not in out:
+    if "object" in types and "additionalProperties" not in out:
         out["additionalProperties"] = False
     if isinstance(out.get("properties"), dict):
-        out["properties"] = {name: bounded(s) for name, s in schema["properties"].items()}
+        out["properties"] = {name: bounded(s) for name, s in out["properties"].items()}
     return out
 
 
-def k_of(schema: dict[str, Any]) -> str | None:
-    """A schema's one type, if it names one."""
+def _types(schema: dict[str, Any]) -> set[str]:
+    """The types a schema names (`"type": "string"` or `["string", "null"]`)."""
     kind = schema.get("type")
-    return kind if isinstance(kind, str) else None
+    return {kind} if isinstance(kind, str) else {k for k in kind if isinstance(k, str)} if isinstance(kind, list) \
+        else set()
 
 
 def call_grammar(tools: ToolSet, opened: bool, special: dict[str, int] | None = None) -> str:
