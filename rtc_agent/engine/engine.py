@@ -281,24 +281,22 @@ class Session:
     async def push_text(self, text: str) -> None:
         """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole
         turn; `respond()` answers it. ValueError for text that is empty once tokenized."""
-        self._check_open()
-        if not isinstance(text, str):
-            raise ValueError("text must be a string")
-        if self._answering:
-            raise RuntimeError("an answer is in progress on this session: push text after it")
-        context = await self._ready_context()
-        await self._run(context.add_text, text)
+        await self._push_written("text", text, lambda context: context.add_text)
 
     async def push_tool_output(self, output: str) -> None:
         """What a function the answer called returned (`ToolCallDone`): it joins the caller's turn as the model's
         chat template gives a tool's response, after anything else in the turn; `respond()` goes on from it."""
+        await self._push_written("a tool's output", output, lambda context: context.add_tool_output)
+
+    async def _push_written(self, what: str, value: str, add: Callable[[CallContext], Callable[[str], None]]) -> None:
+        """`value` (a string) into the caller's turn through `add(context)`; not while an answer is being made."""
         self._check_open()
-        if not isinstance(output, str):
-            raise ValueError("a tool's output must be a string")
+        if not isinstance(value, str):
+            raise ValueError(f"{what} must be a string")
         if self._answering:
-            raise RuntimeError("an answer is in progress on this session: push the tool's output after it")
+            raise RuntimeError(f"an answer is in progress on this session: push {what} after it")
         context = await self._ready_context()
-        await self._run(context.add_tool_output, output)
+        await self._run(add(context), value)
 
     async def flush(self) -> None:
         """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
