@@ -47,7 +47,8 @@ NO_SPEECH = "this server answers in text only (it runs without the Talker: --no-
 class EngineSession(Protocol):
     """What a conversation needs from rtc_agent.engine's session."""
 
-    async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None) -> None: ...
+    async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None,
+                         urgent: bool = ...) -> None: ...
     async def push_image(self, image: np.ndarray, at: float) -> None: ...
     async def push_text(self, text: str) -> None: ...
     async def push_tool_output(self, output: str) -> None: ...
@@ -604,7 +605,9 @@ class Conversation:
                                 following = None
                         samples = np.concatenate([a.samples for a in run])
                         started = time.monotonic()
-                        await self.session.push_audio(samples, at=run[0].at_ms / 1000)
+                        # the caller paused and the answer's preparation is next: its audio is as urgent as it
+                        await self.session.push_audio(samples, at=run[0].at_ms / 1000,
+                                                      urgent=isinstance(following, PrepareAnswer))
                         self._pushed_times = (started, time.monotonic())
                     case PushImage(image, at):
                         await self._push_image(image, at)

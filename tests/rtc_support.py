@@ -99,6 +99,7 @@ class RecordingSession:
     def __init__(self, session: Any) -> None:
         self.session = session
         self.pushed: list[tuple[str, float | None, tuple[int, ...]]] = []  # (kind, at, shape)
+        self.urgent_audio: list[float | None] = []  # the `at` of the audio pushes made urgent
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
@@ -107,9 +108,12 @@ class RecordingSession:
     def images(self) -> list[tuple[float | None, tuple[int, ...]]]:
         return [(at, shape) for kind, at, shape in self.pushed if kind == "image"]
 
-    async def push_audio(self, samples: np.ndarray, sample_rate: int = 16000, at: float | None = None) -> None:
+    async def push_audio(self, samples: np.ndarray, sample_rate: int = 16000, at: float | None = None,
+                         urgent: bool = False) -> None:
         self.pushed.append(("audio", at, samples.shape))
-        await self.session.push_audio(samples, sample_rate, at=at)
+        if urgent:
+            self.urgent_audio.append(at)
+        await self.session.push_audio(samples, sample_rate, at=at, urgent=urgent)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         self.pushed.append(("image", at, image.shape))

@@ -105,6 +105,40 @@ def test_false_start_is_dropped_then_a_turn_with_a_short_pause_is_one_turn() -> 
     run(main())
 
 
+def test_the_audio_just_before_a_preparation_goes_to_the_engine_as_urgent() -> None:
+    """The caller paused: the preparation is urgent, and so is the audio queued before it (the turn's last words),
+    or the preparation would wait for it behind other calls' ordinary work. Audio with no preparation after it is
+    ordinary."""
+    rng = np.random.default_rng(0)
+
+    def at_once(conv: Conversation, script: Script, p: float, chunks: int) -> None:
+        """Chunks with no await in between: the conversation's engine worker finds all of them queued."""
+        script.p = p
+        for _ in range(chunks):
+            conv.feed((rng.standard_normal(CHUNK_SAMPLES) * (0.1 if p > 0.5 else 0.001)).astype(np.float32))
+
+    async def main() -> None:
+        conv, script, events, player = await started()
+        try:
+            at_once(conv, script, 0.9, 10)
+            at_once(conv, script, 0.1, 6)  # the answer is prepared at the 5th chunk of silence
+            await asyncio.sleep(0.5)
+            assert conv.session.urgent_audio == [0.0]  # all of it up to the preparation, in one urgent push
+            await feed(conv, script, 0.9, 10)  # the caller goes on: pushed as it comes, nothing prepared after it
+            await asyncio.sleep(0.5)
+            assert conv.session.urgent_audio == [0.0]
+            at_once(conv, script, 0.1, 12)
+            done = (await until(events, "response.done"))["response"]
+            assert done["status"] == "completed"
+            assert conv.session.urgent_audio == [0.0, pytest.approx(26 * CHUNK_MS / 1000)]  # the 5 chunks of silence
+            assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 31 * CHUNK_MS / 1000))]
+        finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())
+
+
 def test_push_to_talk_waits_for_commit_and_short_sounds_do_not_barge_in() -> None:
     async def main() -> None:
         conv, script, events, player = await started(dataclasses.replace(TURN, auto=False))

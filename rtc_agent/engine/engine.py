@@ -132,7 +132,9 @@ class Engine:
         """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first. `key`: the session
         slot it works on (its jobs keep their order; a generator `fn` may be batched with other slots' prefills)."""
         priority = URGENT if urgent else NORMAL
-        return await asyncio.wrap_future(self._worker.submit(lambda: fn(*args), priority, key))
+        call = lambda: fn(*args)  # noqa: E731
+        call.__name__ = getattr(fn, "__name__", "?")
+        return await asyncio.wrap_future(self._worker.submit(call, priority, key))
 
     def new_session(self, options: SessionOptions = SessionOptions()) -> "Session":
         """A session on a free slot; `EngineFullError` when every slot is taken."""
@@ -252,6 +254,7 @@ class Session:
                 raise EngineOutOfMemory("the GPU ran out of memory for this turn; it was dropped (the call goes "
                                         "on: speak again)") from None
 
+        job.__name__ = getattr(fn, "__name__", "job")
         return await self._run(job, urgent=urgent)
 
     async def limit_video(self, window_s: int) -> int | None:
@@ -262,11 +265,13 @@ class Session:
         return await self._run(self._context.limit_video, window_s)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
-                         at: float | None = None) -> None:
+                         at: float | None = None, urgent: bool = False) -> None:
         """Caller audio as it arrives: mono float32 at 16 kHz. Prefills in the background every chunk.
 
         `at` is the time of the first sample on the session's media clock (seconds), the clock `push_image`
-        uses; None means right after the previous push. Only calls with video need it."""
+        uses; None means right after the previous push. Only calls with video need it. `urgent`: the caller has
+        paused and `prepare_answer` comes next, so this audio goes before other calls' ordinary work, as the
+        preparation will (else a preparation waits for its own caller's last audio at the back of the queue)."""
         self._check_open()
         if sample_rate != INPUT_SAMPLE_RATE:
             raise ValueError(f"audio must be {INPUT_SAMPLE_RATE} Hz, got {sample_rate} Hz: resample it first")
@@ -276,7 +281,7 @@ class Session:
             self._buffered.append((samples, at))
             return
         context = await self._ready_context()
-        await self._run_turn(context.add_audio, samples, at)
+        await self._run_turn(context.add_audio, samples, at, urgent=urgent)
 
     async def push_text(self, text: str) -> None:
         """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole

@@ -2,13 +2,13 @@
 goes next.
 
 Two kinds of work reach it. Jobs are what a session asks for (a prefill chunk of caller audio, a video frame, the
-start of an answer, a reset); they run one at a time, urgent ones (an answer's start: a caller is waiting for the
-first packet) before the rest, each kind in the order asked. Answers in progress advance together, one batched
-step (`answer.tick`) for all of them at a time. Between two steps jobs run for up to `JOB_SLICE_S` (most jobs, a
-piece of caller audio, take well under a millisecond; a prefill takes tens), and for as long as every answer is at
-least `MIN_LEAD_S` of speech ahead of its playout; an answer closer to its deadline gets the next step first, so
-a caller listening to an answer never hears a late frame because another caller started talking, while the
-callers who are talking still have their audio taken in.
+start of an answer, a reset); they run one at a time, urgent ones (an answer's start or preparation, and the caller
+audio just before a preparation: a caller is waiting for the first packet) before the rest, each kind in the order
+asked. Answers in progress advance together, one batched step (`answer.tick`) for all of them at a time. Between two
+steps jobs run for up to `JOB_SLICE_S` (most jobs, a piece of caller audio, take well under a millisecond; a
+prefill takes tens), and for as long as every answer is at least `MIN_LEAD_S` of speech ahead of its playout; an
+answer closer to its deadline gets the next step first, so a caller listening to an answer never hears a late frame
+because another caller started talking, while the callers who are talking still have their audio taken in.
 
 A job may be a generator (a session's turn work, see `CallContext`): it yields requests (audio to encode, a short
 Thinker or Talker prefill). The worker then starts every queued job of the other sessions too, up to their first
@@ -16,16 +16,21 @@ request, and runs all the requests as one round (`run_requests`: one pass of the
 prefill, one batched Talker prefill), round after round until the jobs are done. Eight callers who end their turns
 at the same moment so cost about one turn end's launches and weight reads instead of eight. Within a round, between
 one session's rest of the work and the next (host work: its next request's inputs, an answer's first token), answer
-starts that came meanwhile join and a due step runs, so a prepared answer starts at once and a new answer's first
-frames are not held up by others' turn ends. A session's jobs keep their order: a job waits while an earlier one of
-the same session (its `key`) is in a round.
+starts that came meanwhile join, so a prepared answer starts at once; a due step runs between rounds, never inside
+one, so that no session's finished request waits for a step behind another's. A session's jobs keep their order: a
+job waits while an earlier one of the same session (its `key`) is in a round.
+
+`RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per round and per step to
+`path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow first packet waited.
 """
 from __future__ import annotations
 
 import heapq
 import inspect
 import itertools
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -63,6 +68,26 @@ class _Waiting:
     request: Any
 
 
+class _Trace:
+    """RTC_AGENT_WORKER_TRACE=path: one JSON line per scheduling event, `t` in ms of time.perf_counter(). The file
+    is opened at the first event, so that only a process with an engine writes one."""
+
+    def __init__(self) -> None:
+        self._path = os.environ.get("RTC_AGENT_WORKER_TRACE")
+        self.on = bool(self._path)
+        self._file: Any = None
+
+    def __call__(self, **record: Any) -> None:
+        if self.on:
+            if self._file is None:
+                self._file = open(f"{self._path}.{os.getpid()}", "w", buffering=1)
+            record["t"] = round(time.perf_counter() * 1000, 2)
+            self._file.write(json.dumps(record) + "\n")
+
+
+TRACE = _Trace()
+
+
 class Worker:
     def __init__(self, name: str, step: Callable[[list[Answer]], None],
                  run_requests: Callable[[list[Any]], list[Any]], threads: int | None = None) -> None:
@@ -89,6 +114,7 @@ class Worker:
             if self._closed:
                 raise RuntimeError("the engine is closed")
             heapq.heappush(self._jobs, _Job(priority, next(self._order), fn, future, key))
+            TRACE(e="submit", key=key, p=priority, name=getattr(fn, "__name__", "?"))
             self._wake.notify()
         return future
 
@@ -160,7 +186,12 @@ class Worker:
             self._step_answers()
 
     def _step_answers(self) -> None:
+        started = time.perf_counter()
+        lead = min((a.lead_s(started) for a in self._answers), default=None) if TRACE.on else None
         self._advance()
+        if TRACE.on:
+            TRACE(e="step", ms=round((time.perf_counter() - started) * 1000, 2), answers=len(self._answers),
+                  lead_ms=None if lead is None else round(lead * 1000, 1), slice_ms=round(self._slice_spent * 1000, 1))
         self._slice_spent = 0.0
         self._mark = time.perf_counter()
 
@@ -168,6 +199,7 @@ class Worker:
         """Run `job` up to its first request (then it waits in `waiting`), or to its end."""
         if not job.future.set_running_or_notify_cancel():
             return
+        TRACE(e="start", key=job.key, p=job.priority, name=getattr(job.fn, "__name__", "?"))
         try:
             result = job.fn()
             if inspect.isgenerator(result):
@@ -183,6 +215,7 @@ class Worker:
         try:
             request = work.throw(error) if error is not None else work.send(sent)
         except StopIteration as stop:
+            TRACE(e="done", key=job.key)
             job.future.set_result(stop.value)
         except BaseException as exc:  # noqa: BLE001
             job.future.set_exception(exc)
@@ -213,8 +246,12 @@ class Worker:
             return
         entries = list(waiting.values())
         waiting.clear()
+        started = time.perf_counter()
         try:
             results = self._run_requests([entry.request for entry in entries])
+            TRACE(e="round", ms=round((time.perf_counter() - started) * 1000, 2),
+                  keys=[entry.job.key for entry in entries], p=[entry.job.priority for entry in entries],
+                  kinds=[type(entry.request).__name__ for entry in entries])
         except Exception as exc:  # noqa: BLE001  (each job's own handler sees the error)
             for entry in entries:
                 self._resume(entry.job, entry.work, None, waiting, error=exc)
@@ -223,9 +260,10 @@ class Worker:
         for entry, result in zip(entries, results):
             self._resume(entry.job, entry.work, result, waiting)
             # Between one session's rest of the round (host work up to its next request) and the next, answer
-            # starts that came meanwhile join (a prepared answer starts at once) and a due step runs.
+            # starts that came meanwhile join (a prepared answer starts at once). A due step waits for the round's
+            # end: stepping here held every session after this one back by a whole step (at 24 callers, 50-90 ms
+            # once per session resumed), for work the GPU had already done.
             self._join(waiting, URGENT, busy)
-            self._step_if_due()
 
     def _advance(self) -> None:
         try:

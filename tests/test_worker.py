@@ -1,0 +1,60 @@
+"""The engine worker's scheduling, with plain work in place of torch: which job or step runs when.
+
+The answers here are `Behind` objects, answers that are always short of speech (as a new answer is), so a step is
+due whenever the job slice is spent; the rounds are plain functions. The real engine's steps and rounds are
+covered by the engine tests; these pin the order the worker gives them."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Generator
+
+from rtc_agent.engine.worker import JOB_SLICE_S, NORMAL, URGENT, Worker
+
+
+class Behind:
+    """An answer with no speech ahead of its playout: the worker steps it whenever a step may run."""
+
+    done = False
+    after: list = []
+
+    def lead_s(self, now: float) -> float:
+        return 0.0
+
+
+def _worker(log: list[str]) -> Worker:
+    def step(answers: list) -> None:
+        log.append("step")
+
+    def run_requests(requests: list[str]) -> list[str]:
+        log.append("round " + " ".join(requests))
+        return requests
+
+    return Worker("test-worker", step, run_requests)
+
+
+def _turn_end(log: list[str], name: str) -> Generator[str, str, str]:
+    """A session's turn work: one request, then host work longer than a job slice (an answer's first token)."""
+    yield name
+    time.sleep(JOB_SLICE_S * 1.5)
+    log.append(f"{name} done")
+    return name
+
+
+def test_a_due_step_waits_until_every_session_of_the_round_is_resumed():
+    log: list[str] = []
+    worker = _worker(log)
+    holding, gate = threading.Event(), threading.Event()
+    try:
+        # the first job starts an answer (steps are due from then on) and holds the worker until three sessions'
+        # turn ends are queued behind it: they go into one round
+        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
+        assert holding.wait(5)
+        jobs = [worker.submit(lambda n=n: _turn_end(log, n), URGENT, key=n) for n in ("a", "b", "c")]
+        gate.set()
+        first.result(5)
+        assert [job.result(5) for job in jobs] == ["a", "b", "c"]
+    finally:
+        worker.close()
+    round_at = log.index("round a b c")
+    assert log[round_at + 1:round_at + 4] == ["a done", "b done", "c done"], log
