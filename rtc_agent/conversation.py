@@ -54,6 +54,7 @@ class EngineSession(Protocol):
     async def push_tool_output(self, output: str) -> None: ...
     async def abort_turn(self) -> None: ...
     async def flush(self) -> None: ...
+    async def expedite(self) -> None: ...
     async def prepare_answer(self) -> None: ...
     def respond(self) -> AsyncIterator[Event]: ...
     async def cancel(self, frames_played: int) -> None: ...
@@ -183,6 +184,7 @@ class Conversation:
         self._ids = itertools.count(1)
         self._call_ids: dict[str, bool] = {}  # the calls the answers made: whether each has its output yet
         self._ops: asyncio.Queue[EngineCall] = asyncio.Queue()
+        self._pushing = False  # an audio push is on its way to the engine
         self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
         # time.monotonic() of the latest audio push (started, done) and answer preparation (queued, started, done):
@@ -220,8 +222,11 @@ class Conversation:
                 self._paused += chunks
                 self._semantic_add(chunks)
             if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
-                # the turn may be ending: the engine makes the answer ready
+                # the turn may be ending: the engine makes the answer ready; audio pushed a moment ago and still
+                # queued in the engine goes first, or the preparation waits for it behind other calls' work
                 self._ops.put_nowait(PrepareAnswer(time.monotonic()))
+                if self._pushing:
+                    self._spawn(self.session.expedite())
                 self._paused = []
         else:
             self._unpushed.append(chunk)
@@ -605,9 +610,12 @@ class Conversation:
                                 following = None
                         samples = np.concatenate([a.samples for a in run])
                         started = time.monotonic()
-                        # the caller paused and the answer's preparation is next: its audio is as urgent as it
-                        await self.session.push_audio(samples, at=run[0].at_ms / 1000,
-                                                      urgent=isinstance(following, PrepareAnswer))
+                        self._pushing = True
+                        try:  # the caller paused and the answer's preparation is next: its audio is as urgent as it
+                            await self.session.push_audio(samples, at=run[0].at_ms / 1000,
+                                                          urgent=isinstance(following, PrepareAnswer))
+                        finally:
+                            self._pushing = False
                         self._pushed_times = (started, time.monotonic())
                     case PushImage(image, at):
                         await self._push_image(image, at)
@@ -648,7 +656,7 @@ class Conversation:
     def _side_task_done(self, task: asyncio.Task[None]) -> None:
         self._side_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("engine cancel failed: %r", task.exception())
+            log.error("an engine call on the side failed: %r", task.exception())
 
     async def close(self) -> None:
         if self._semantic is not None:

@@ -10,9 +10,11 @@ from rtc_agent.engine import audio_input
 from rtc_agent.engine.checks import audio_encoder as check_audio_encoder
 
 # Mel frames per stretch (100 a second): a pause's short piece, whole and partial chunks, several callers' audio in
-# one pass, 10 s (two of the model's 8 s attention windows), and more chunks than the largest bucket (the library).
+# one pass, 10 s (two of the model's 8 s attention windows), more chunks than the largest bucket in all (two
+# passes: 18 s of two callers, 20 callers' second each), and one stretch longer than the largest bucket between
+# short ones (the library's encoder for it alone).
 TOLERANCE = 2e-6  # float32 on the CPU; the outputs are about 0.4 at most
-PASSES = [[37], [100], [250, 37, 163], [1000], [1000, 3, 420], [900, 900]]
+PASSES = [[37], [100], [250, 37, 163], [1000], [1000, 3, 420], [900, 900], [100] * 20, [37, 1700, 50, 1500]]
 
 
 @pytest.mark.parametrize("frames", PASSES, ids=lambda f: "+".join(map(str, f)))

@@ -73,7 +73,7 @@ def token_count(frames: int, n_window: int = 50) -> int:
     return partial + frames // chunk * 13
 
 
-CHUNK_BUCKETS = (1, 2, 4, 8, 16)  # fixed-shape passes of this many 1 s chunks; longer audio takes `encode`
+CHUNK_BUCKETS = (1, 2, 4, 8, 16)  # fixed-shape passes of this many 1 s chunks; a longer stretch takes `encode`
 
 
 class AudioEncoder:
@@ -100,11 +100,33 @@ class AudioEncoder:
             for chunks in buckets}
 
     def __call__(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Outputs [tokens, hidden] for stretches of log-mel `features` [mel_bins, frames], as `encode`."""
-        chunks = sum(math.ceil(f.shape[1] / self.chunk_frames) for f in features)
-        bucket = min((size for size in self.steps if size >= chunks), default=None)
-        if bucket is None:
-            return encode(self.tower, features)
+        """Outputs [tokens, hidden] for stretches of log-mel `features` [mel_bins, frames], as `encode`. Stretches
+        that together have more chunks than the largest bucket (many callers' turn ends in one round) go in
+        several passes of whole stretches; only a stretch longer than the largest bucket by itself takes `encode`
+        (eager, at shapes of its own: the first time a shape comes, it can cost hundreds of ms on a GPU)."""
+        largest = max(self.steps)
+        out: list[torch.Tensor] = []
+        group: list[torch.Tensor] = []
+        for f in features:
+            chunks = math.ceil(f.shape[1] / self.chunk_frames)
+            if chunks > largest:
+                out += self._pass(group) + encode(self.tower, [f])
+                group = []
+            elif self._chunks(group) + chunks > largest:
+                out += self._pass(group)
+                group = [f]
+            else:
+                group.append(f)
+        return out + self._pass(group)
+
+    def _chunks(self, features: list[torch.Tensor]) -> int:
+        return sum(math.ceil(f.shape[1] / self.chunk_frames) for f in features)
+
+    def _pass(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One fixed-shape pass over stretches that fit the largest bucket together."""
+        if not features:
+            return []
+        bucket = min(size for size in self.steps if size >= self._chunks(features))
         padded, windows, keep = (to_device(x, self.device) for x in self._layout(features, bucket))
         out = self.steps[bucket](padded.to(self.dtype), windows)
         out = out.index_select(0, keep)  # a copy: the step's output is overwritten by the next pass

@@ -159,6 +159,10 @@ class Engine:
         """The worker thread's id in the operating system (its CPU time: /proc/self/task/ID/stat)."""
         return self._worker.thread_id
 
+    def expedite(self, key: Any) -> None:
+        """Session slot `key`'s queued jobs go before other sessions' ordinary work (Worker.expedite)."""
+        self._worker.expedite(key)
+
     def add_answer(self, answer: Answer) -> None:
         self._worker.add(answer)
 
@@ -309,6 +313,13 @@ class Session:
         self._check_open()
         if self._context is not None and not self._answering:
             await self._run_turn(self._context.flush)
+
+    async def expedite(self) -> None:
+        """The caller paused and `prepare_answer` is on its way: this call's work already queued (audio pushed a
+        moment ago) goes before other calls' ordinary work, so that the preparation does not wait for it at the
+        back of the queue. Immediate: it does not queue behind that work itself."""
+        self._check_open()
+        self.engine.expedite(self._slot.index)
 
     async def prepare_answer(self) -> None:
         """The caller paused and may be done (a call server's hang-over has begun): prefill the turn and make its

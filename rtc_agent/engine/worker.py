@@ -118,6 +118,18 @@ class Worker:
             self._wake.notify()
         return future
 
+    def expedite(self, key: Any) -> None:
+        """The jobs of session `key` still queued become urgent, in their order: its caller paused and an urgent
+        job (the answer's preparation) is about to follow them, which would otherwise wait for them."""
+        with self._wake:
+            raised = [job for job in self._jobs if job.key == key and job.priority != URGENT]
+            for job in raised:
+                job.priority = URGENT
+            if raised:
+                heapq.heapify(self._jobs)
+                self._wake.notify()
+        TRACE(e="expedite", key=key, jobs=len(raised))
+
     def add(self, answer: Answer) -> None:
         """Start stepping `answer` (call on the worker, from a job)."""
         self._answers.append(answer)
@@ -205,8 +217,10 @@ class Worker:
             if inspect.isgenerator(result):
                 self._resume(job, result, None, waiting)
             else:
+                TRACE(e="done", key=job.key)
                 job.future.set_result(result)
         except BaseException as exc:  # noqa: BLE001  (handed to whoever waits for the job)
+            TRACE(e="done", key=job.key, failed=True)
             job.future.set_exception(exc)
 
     def _resume(self, job: _Job, work: Generator, sent: Any, waiting: dict[Any, _Waiting],
@@ -218,6 +232,7 @@ class Worker:
             TRACE(e="done", key=job.key)
             job.future.set_result(stop.value)
         except BaseException as exc:  # noqa: BLE001
+            TRACE(e="done", key=job.key, failed=True)
             job.future.set_exception(exc)
         else:
             waiting[job.key if job.key is not None else id(job)] = _Waiting(job, work, request)
