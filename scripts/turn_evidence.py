@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Does the audio's own evidence (rtc_agent/media/turn_features.py) beside Smart Turn's score end finished turns
+sooner without cutting more mid-sentence pauses? Fitted on training score files, reported on held-out ones.
+
+    .venv/bin/python scripts/turn_tuning.py --set tuning --out espeak-tuning.json    # and flite voices, heldout, real
+    .venv/bin/python scripts/turn_evidence.py --train espeak-tuning.json flite-*-tuning.json \\
+        --eval espeak-heldout.json flite-*-heldout.json real.json
+
+A policy asks for Smart Turn's verdict at 64, 128 and 192 ms of silence (as `auto` does), then every `gap_ms`
+until `cap_ms`, where the turn ends anyway. At each check a logistic model of the check's features (below) gives
+P(this silence is the turn's end); the turn ends at the first check where it is >= the policy's threshold. The
+model's weights are fitted on the training files' checks (final silences against mid-sentence pauses, each
+silence weighing the same); the schedule and threshold are the fastest (finished P50 + P90) that keep
+--floor of the training pauses. Nothing is chosen on the --eval files.
+
+Feature sets compared: Smart Turn alone (its score now, at the first check, and the silence: re-scoring as the
+silence grows), then Smart Turn plus each piece of evidence on its own, then all of them.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from turn_tuning import FINISHED, VERDICT_MS, verdicts
+from rtc_agent.media.end_of_turn import EAGERNESS
+from rtc_agent.media.vad import CHUNK_MS
+
+SMART_TURN = ("logit_p", "logit_p_first", "silence_s")
+EVIDENCE = ("tail_db", "fall_db", "pitch_end_st", "pitch_slope_st_s", "speech_s")
+GAPS_MS = (128, 192, 256)  # checks between 192 ms and the cap: every 64 ms would cost a verdict's 45 ms of CPU
+# every 64 ms of every silence, most of a core per caller
+FEATURE_SETS = {"smart turn only": SMART_TURN, **{f"+ {e}": SMART_TURN + (e,) for e in EVIDENCE},
+                "+ all evidence": SMART_TURN + EVIDENCE}
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return float(np.log(p / (1 - p)))
+
+
+def features(asked: list[float], silence_ms: int, heard: dict[str, float] | None) -> dict[str, float]:
+    """The features of a check: Smart Turn's verdicts of this silence so far (`asked`, the latest last), the
+    silence, and the silence's evidence (None: too little speech; then each piece is its training mean)."""
+    out = {"logit_p": _logit(asked[-1]), "logit_p_first": _logit(asked[0]), "silence_s": silence_ms / 1000}
+    if heard is not None:
+        out.update({k: v for k, v in heard.items() if k != "speech_ms"}, speech_s=heard["speech_ms"] / 1000)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Logistic:
+    names: tuple[str, ...]
+    mean: np.ndarray
+    std: np.ndarray
+    weights: np.ndarray  # bias first, then one per name (on standardized features)
+
+    def __call__(self, f: dict[str, float]) -> float:
+        x = np.array([f.get(n, m) for n, m in zip(self.names, self.mean)])
+        z = self.weights[0] + self.weights[1:] @ ((x - self.mean) / self.std)
+        return float(1 / (1 + np.exp(-z)))
+
+    def describe(self) -> str:
+        return ", ".join(f"{n} {w:+.2f}" for n, w in zip(("bias",) + self.names, self.weights))
+
+
+def fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, names: tuple[str, ...], l2: float = 1.0) -> Logistic:
+    """Weighted L2-regularised logistic regression by Newton's method."""
+    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-9
+    a = np.hstack([np.ones((len(x), 1)), (x - mean) / std])
+    beta = np.zeros(a.shape[1])
+    ridge = np.diag([0.0] + [l2] * (a.shape[1] - 1))
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-a @ beta))
+        grad = a.T @ (w * (p - y)) + ridge @ beta
+        hess = (a * (w * p * (1 - p))[:, None]).T @ a + ridge
+        step = np.linalg.solve(hess, grad)
+        beta -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return Logistic(names, mean, std, beta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A check schedule with a logistic verdict; `given(heard)` binds it to one silence's evidence for
+    turn_tuning's replay (which asks for first_check_ms, next_check_ms, ends_turn and max_wait_ms)."""
+
+    model: Logistic
+    threshold: float
+    gap_ms: int
+    cap_ms: int
+    first_check_ms: int = 64
+    heard: dict[str, float] | None = None
+
+    @property
+    def max_wait_ms(self) -> int:
+        return self.cap_ms
+
+    def next_check_ms(self, point_ms: int) -> int:
+        return point_ms + (64 if point_ms + 64 < 256 else self.gap_ms)
+
+    def ends_turn(self, asked: list[float], silence_ms: int) -> bool:
+        return self.model(features(asked, silence_ms, self.heard)) >= self.threshold
+
+    def given(self, heard: dict[str, float] | None) -> Policy:
+        return dataclasses.replace(self, heard=heard)
+
+    def describe(self) -> str:
+        return f"checks 64/128/192 then every {self.gap_ms} ms, cap {self.cap_ms} ms, end at q >= {self.threshold}"
+
+
+def silences(rows: list[dict[str, Any]]) -> list[tuple[list[float], dict[str, float] | None, bool, int]]:
+    """(scores, evidence, is the final silence, how long it lasts in ms) for every silence of every sentence."""
+    out = []
+    for r in rows:
+        out += [(m, e, False, len(m) * CHUNK_MS) for m, e in zip(r["mid"], r["mid_evidence"])]
+        if r["final"] and r["kind"] in FINISHED:
+            out.append((r["final"], r["final_evidence"], True, 10_000))
+    return out
+
+
+def check_rows(rows: list[dict[str, Any]], gap_ms: int, cap_ms: int, names: tuple[str, ...]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every check the schedule makes in every silence (one verdict at a time, VERDICT_MS each, as the replay):
+    features, label (final silence), weight (each silence weighs 1 in all)."""
+    schedule = Policy(None, 1.0, gap_ms, cap_ms)  # type: ignore[arg-type]
+    xs, ys, ws = [], [], []
+    for scores, heard, final, longest in silences(rows):
+        point, ends_at, asked, mine = schedule.first_check_ms, 0, [], []
+        for i, p in enumerate(scores):
+            silence = (i + 1) * CHUNK_MS
+            if silence >= cap_ms or silence + VERDICT_MS >= longest:
+                break
+            if silence >= max(point, ends_at):
+                ends_at, point = silence + VERDICT_MS, schedule.next_check_ms(point)
+                asked.append(p)
+                mine.append(features(asked, silence, heard))
+        xs += mine
+        ys += [final] * len(mine)
+        ws += [1 / len(mine)] * len(mine) if mine else []
+    means = {n: np.mean([f[n] for f in xs if n in f]) for n in names}
+    x = np.array([[f.get(n, means[n]) for n in names] for f in xs])
+    return x, np.array(ys, float), np.array(ws)
+
+
+def replay(rows: list[dict[str, Any]], policy: Any) -> dict[str, Any]:
+    """turn_tuning.evaluate for any policy (an Eagerness, or a Policy bound to each silence's own evidence):
+    finished speech end -> verdict P50 / P90, finished sentences cut in a short pause, paused sentences kept,
+    and the verdicts a finished turn asks for (its CPU)."""
+    def bound(heard: dict[str, float] | None) -> Any:
+        return policy.given(heard) if isinstance(policy, Policy) else policy
+
+    waits, finished_cut, kept, paused, counts = [], 0, 0, 0, []
+    for r in rows:
+        cut = any(verdicts(m, bound(e), len(m) * CHUNK_MS)[0] is not None for m, e in zip(r["mid"], r["mid_evidence"]))
+        if r["kind"] == "paused":
+            paused, kept = paused + 1, kept + (not cut)
+        if r["kind"] in FINISHED:
+            finished_cut += cut
+            wait = verdicts(r["final"], bound(r["final_evidence"]), 10_000)[0] or policy.max_wait_ms
+            waits.append(r["vad_tail_ms"] + wait)
+            counts.append(len(check_times(policy, wait)))
+    return {"p50": float(np.percentile(waits, 50)), "p90": float(np.percentile(waits, 90)),
+            "finished_cut": finished_cut, "kept": kept, "paused": paused,
+            "kept_share": kept / paused if paused else 1.0, "verdicts": float(np.mean(counts))}
+
+
+def check_times(policy: Any, ended_ms: int) -> list[int]:
+    """The check points a turn asked for before it ended at `ended_ms` of silence (a verdict's CPU each)."""
+    points, point = [], policy.first_check_ms
+    while point + VERDICT_MS <= ended_ms:
+        points.append(point)
+        point = policy.next_check_ms(point)
+    return points
+
+
+def choose(train: list[dict[str, Any]], names: tuple[str, ...], floor: float) -> tuple[Policy, dict[str, Any]]:
+    """The fastest policy (finished P50 + P90) keeping `floor` of the training pauses, fitted on `train`."""
+    best: tuple[float, Policy, dict[str, Any]] | None = None
+    for gap_ms, cap_ms in itertools.product(GAPS_MS, (1100, 1400, 1700, 2000, 3000)):
+        model = fit(*check_rows(train, gap_ms, cap_ms, names), names)
+        for threshold in np.round(np.arange(0.30, 0.99, 0.02), 2):
+            policy = Policy(model, float(threshold), gap_ms, cap_ms)
+            r = replay(train, policy)
+            if r["kept_share"] >= floor and (best is None or r["p50"] + r["p90"] < best[0]):
+                best = (r["p50"] + r["p90"], policy, r)
+    if best is None:
+        raise SystemExit(f"{names}: no policy keeps {floor:.0%} of the training pauses")
+    return best[1], best[2]
+
+
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    return [r for p in paths for r in json.loads(Path(p).read_text())]
+
+
+def row(r: dict[str, Any]) -> str:
+    return (f"{r['p50']:.0f} / {r['p90']:.0f} ms, kept {r['kept']}/{r['paused']}, finished cut {r['finished_cut']},"
+            f" {r['verdicts']:.1f} verdicts")
+
+
+def cross_validate(paths: list[str], names: list[str], floor: float) -> None:
+    """Each training file held out in turn, the policy chosen on the others: how a feature set carries over to a
+    voice it was not fitted on, without looking at the held-out sets."""
+    print("| policy | " + " | ".join(Path(f).stem for f in paths) + " | mean P50 / P90, kept |")
+    print("|---" * (len(paths) + 2) + "|")
+    for name in ["auto", *names]:
+        results = []
+        for f in paths:
+            rows = load([f])
+            policy = EAGERNESS["auto"] if name == "auto" else choose(load([g for g in paths if g != f]),
+                                                                      FEATURE_SETS[name], floor)[0]
+            results.append(replay(rows, policy))
+        mean = {k: np.mean([r[k] for r in results]) for k in ("p50", "p90", "kept_share")}
+        print(f"| {name} | " + " | ".join(row(r) for r in results)
+              + f" | {mean['p50']:.0f} / {mean['p90']:.0f} ms, {mean['kept_share']:.0%} |", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train", nargs="+", required=True, help="turn_tuning.py --out files to fit and choose on")
+    p.add_argument("--eval", nargs="+", default=[], help="held-out files to report on (one column each)")
+    p.add_argument("--floor", type=float, default=0.9, help="share of training pauses kept, at least")
+    p.add_argument("--sets", default=",".join(FEATURE_SETS), help="feature sets to compare (comma-separated)")
+    p.add_argument("--cv", action="store_true", help="only leave-one-file-out on the training files (a voice each)")
+    args = p.parse_args()
+    if args.cv:
+        cross_validate(args.train, args.sets.split(","), args.floor)
+        return
+    train = load(args.train)
+    evals = {Path(f).stem: load([f]) for f in args.eval}
+    print(f"| policy | train ({len(args.train)} files) | " + " | ".join(evals) + " |")
+    print("|---" * (2 + len(evals)) + "|")
+    print("| auto | " + " | ".join(row(replay(rows, EAGERNESS["auto"])) for rows in [train, *evals.values()]) + " |")
+    for name in args.sets.split(","):
+        policy, r = choose(train, FEATURE_SETS[name], args.floor)
+        print(f"| {name}: {policy.describe()} | {row(r)} | "
+              + " | ".join(row(replay(rows, policy)) for rows in evals.values()) + " |")
+        print(f"|   weights: {policy.model.describe()} |")
+
+
+if __name__ == "__main__":
+    main()
