@@ -33,10 +33,20 @@ from rtc_agent.media.vad import CHUNK_MS
 
 SMART_TURN = ("logit_p", "logit_p_first", "silence_s")
 EVIDENCE = ("tail_db", "fall_db", "pitch_end_st", "pitch_slope_st_s", "speech_s")
+CAPS_MS = (1400, 2000)  # auto with a shorter cap, reported beside it
+EARLY_MS = 256  # auto's early checks are before this
 GAPS_MS = (128, 192, 256)  # checks between 192 ms and the cap: every 64 ms would cost a verdict's 45 ms of CPU
 # every 64 ms of every silence, most of a core per caller
-FEATURE_SETS = {"smart turn only": SMART_TURN, **{f"+ {e}": SMART_TURN + (e,) for e in EVIDENCE},
-                "+ all evidence": SMART_TURN + EVIDENCE}
+WAIT = ("logit_p_early", "silence_s")
+# name: (features, auto's early checks first)
+FEATURE_SETS = {"early verdicts set the wait": (WAIT, False), "smart turn re-scored": (SMART_TURN, False),
+                **{f"+ {e}": (SMART_TURN + (e,), False) for e in EVIDENCE},
+                "+ all evidence": (SMART_TURN + EVIDENCE, False),
+                "+ all evidence but length": (SMART_TURN + EVIDENCE[:-1], False),
+                "auto then early verdicts set the wait": (WAIT, True),
+                "auto then smart turn re-scored": (SMART_TURN, True),
+                "auto then + all evidence but length": (SMART_TURN + EVIDENCE[:-1], True),
+                "auto then + all evidence": (SMART_TURN + EVIDENCE, True)}
 
 
 def _logit(p: float) -> float:
@@ -47,7 +57,8 @@ def _logit(p: float) -> float:
 def features(asked: list[float], silence_ms: int, heard: dict[str, float] | None) -> dict[str, float]:
     """The features of a check: Smart Turn's verdicts of this silence so far (`asked`, the latest last), the
     silence, and the silence's evidence (None: too little speech; then each piece is its training mean)."""
-    out = {"logit_p": _logit(asked[-1]), "logit_p_first": _logit(asked[0]), "silence_s": silence_ms / 1000}
+    out = {"logit_p": _logit(asked[-1]), "logit_p_first": _logit(asked[0]),
+           "logit_p_early": _logit(float(np.mean(asked[:3]))), "silence_s": silence_ms / 1000}
     if heard is not None:
         out.update({k: v for k, v in heard.items() if k != "speech_ms"}, speech_s=heard["speech_ms"] / 1000)
     return out
@@ -95,6 +106,7 @@ class Policy:
     threshold: float
     gap_ms: int
     cap_ms: int
+    after_auto: bool = False  # the early checks (before 256 ms) are auto's; the model decides from 256 ms on
     first_check_ms: int = 64
     heard: dict[str, float] | None = None
 
@@ -106,13 +118,16 @@ class Policy:
         return point_ms + (64 if point_ms + 64 < 256 else self.gap_ms)
 
     def ends_turn(self, asked: list[float], silence_ms: int) -> bool:
+        if self.after_auto and silence_ms < EARLY_MS:
+            return EAGERNESS["auto"].ends_turn(asked, silence_ms)
         return self.model(features(asked, silence_ms, self.heard)) >= self.threshold
 
     def given(self, heard: dict[str, float] | None) -> Policy:
         return dataclasses.replace(self, heard=heard)
 
     def describe(self) -> str:
-        return f"checks 64/128/192 then every {self.gap_ms} ms, cap {self.cap_ms} ms, end at q >= {self.threshold}"
+        return (f"{'auto until 256 ms, then ' if self.after_auto else ''}checks 64/128/192 then every {self.gap_ms} ms,"
+                f" cap {self.cap_ms} ms, end at q >= {self.threshold}")
 
 
 def silences(rows: list[dict[str, Any]]) -> list[tuple[list[float], dict[str, float] | None, bool, int]]:
@@ -125,11 +140,13 @@ def silences(rows: list[dict[str, Any]]) -> list[tuple[list[float], dict[str, fl
     return out
 
 
-def check_rows(rows: list[dict[str, Any]], gap_ms: int, cap_ms: int, names: tuple[str, ...]
+def check_rows(rows: list[dict[str, Any]], gap_ms: int, cap_ms: int, names: tuple[str, ...], after_auto: bool
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every check the schedule makes in every silence (one verdict at a time, VERDICT_MS each, as the replay):
-    features, label (final silence), weight (each silence weighs 1 in all)."""
+    features, label (final silence), weight (each silence weighs 1 in all). `after_auto`: only the checks from
+    256 ms on of silences that auto's early checks did not end."""
     schedule = Policy(None, 1.0, gap_ms, cap_ms)  # type: ignore[arg-type]
+    auto = EAGERNESS["auto"]
     xs, ys, ws = [], [], []
     for scores, heard, final, longest in silences(rows):
         point, ends_at, asked, mine = schedule.first_check_ms, 0, [], []
@@ -140,7 +157,10 @@ def check_rows(rows: list[dict[str, Any]], gap_ms: int, cap_ms: int, names: tupl
             if silence >= max(point, ends_at):
                 ends_at, point = silence + VERDICT_MS, schedule.next_check_ms(point)
                 asked.append(p)
-                mine.append(features(asked, silence, heard))
+                if not after_auto or silence >= EARLY_MS:
+                    mine.append(features(asked, silence, heard))
+                elif auto.ends_turn(asked, silence):
+                    break
         xs += mine
         ys += [final] * len(mine)
         ws += [1 / len(mine)] * len(mine) if mine else []
@@ -172,27 +192,30 @@ def replay(rows: list[dict[str, Any]], policy: Any) -> dict[str, Any]:
 
 
 def check_times(policy: Any, ended_ms: int) -> list[int]:
-    """The check points a turn asked for before it ended at `ended_ms` of silence (a verdict's CPU each)."""
+    """The check points a turn asked Smart Turn at before it ended at `ended_ms` of silence (a verdict's CPU
+    each); a Policy that does not look at the latest verdict needs none after the early ones."""
     points, point = [], policy.first_check_ms
-    while point + VERDICT_MS <= ended_ms:
+    last = ended_ms if not isinstance(policy, Policy) or "logit_p" in policy.model.names else min(ended_ms, 256)
+    while point + VERDICT_MS <= last:
         points.append(point)
         point = policy.next_check_ms(point)
     return points
 
 
-def choose(train: list[dict[str, Any]], names: tuple[str, ...], floor: float) -> tuple[Policy, dict[str, Any]]:
-    """The fastest policy (finished P50 + P90) keeping `floor` of the training pauses, fitted on `train`."""
+def choose(train: list[dict[str, Any]], feature_set: tuple[tuple[str, ...], bool], floor: float, p50_ms: float = 10_000
+           ) -> tuple[Policy, dict[str, Any]] | None:
+    """The fastest policy (finished P50 + P90) keeping `floor` of the training pauses with a P50 of at most
+    `p50_ms`, fitted on `train`."""
     best: tuple[float, Policy, dict[str, Any]] | None = None
     for gap_ms, cap_ms in itertools.product(GAPS_MS, (1100, 1400, 1700, 2000, 3000)):
-        model = fit(*check_rows(train, gap_ms, cap_ms, names), names)
+        names, after_auto = feature_set
+        model = fit(*check_rows(train, gap_ms, cap_ms, names, after_auto), names)
         for threshold in np.round(np.arange(0.30, 0.99, 0.02), 2):
-            policy = Policy(model, float(threshold), gap_ms, cap_ms)
+            policy = Policy(model, float(threshold), gap_ms, cap_ms, after_auto)
             r = replay(train, policy)
-            if r["kept_share"] >= floor and (best is None or r["p50"] + r["p90"] < best[0]):
+            if r["kept_share"] >= floor and r["p50"] <= p50_ms and (best is None or r["p50"] + r["p90"] < best[0]):
                 best = (r["p50"] + r["p90"], policy, r)
-    if best is None:
-        raise SystemExit(f"{names}: no policy keeps {floor:.0%} of the training pauses")
-    return best[1], best[2]
+    return None if best is None else (best[1], best[2])
 
 
 def load(paths: list[str]) -> list[dict[str, Any]]:
@@ -204,7 +227,7 @@ def row(r: dict[str, Any]) -> str:
             f" {r['verdicts']:.1f} verdicts")
 
 
-def cross_validate(paths: list[str], names: list[str], floor: float) -> None:
+def cross_validate(paths: list[str], names: list[str], floor: float, p50_ms: float) -> None:
     """Each training file held out in turn, the policy chosen on the others: how a feature set carries over to a
     voice it was not fitted on, without looking at the held-out sets."""
     print("| policy | " + " | ".join(Path(f).stem for f in paths) + " | mean P50 / P90, kept |")
@@ -213,9 +236,14 @@ def cross_validate(paths: list[str], names: list[str], floor: float) -> None:
         results = []
         for f in paths:
             rows = load([f])
-            policy = EAGERNESS["auto"] if name == "auto" else choose(load([g for g in paths if g != f]),
-                                                                      FEATURE_SETS[name], floor)[0]
-            results.append(replay(rows, policy))
+            chosen = (EAGERNESS["auto"], None) if name == "auto" else choose(
+                load([g for g in paths if g != f]), FEATURE_SETS[name], floor, p50_ms)
+            if chosen is None:
+                break
+            results.append(replay(rows, chosen[0]))
+        if len(results) < len(paths):
+            print(f"| {name} | none meets the constraints on the other files |")
+            continue
         mean = {k: np.mean([r[k] for r in results]) for k in ("p50", "p90", "kept_share")}
         print(f"| {name} | " + " | ".join(row(r) for r in results)
               + f" | {mean['p50']:.0f} / {mean['p90']:.0f} ms, {mean['kept_share']:.0%} |", flush=True)
@@ -227,18 +255,26 @@ def main() -> None:
     p.add_argument("--eval", nargs="+", default=[], help="held-out files to report on (one column each)")
     p.add_argument("--floor", type=float, default=0.9, help="share of training pauses kept, at least")
     p.add_argument("--sets", default=",".join(FEATURE_SETS), help="feature sets to compare (comma-separated)")
+    p.add_argument("--p50", type=float, default=10_000, help="finished P50 on the training files, at most (ms)")
     p.add_argument("--cv", action="store_true", help="only leave-one-file-out on the training files (a voice each)")
     args = p.parse_args()
     if args.cv:
-        cross_validate(args.train, args.sets.split(","), args.floor)
+        cross_validate(args.train, args.sets.split(","), args.floor, args.p50)
         return
     train = load(args.train)
     evals = {Path(f).stem: load([f]) for f in args.eval}
     print(f"| policy | train ({len(args.train)} files) | " + " | ".join(evals) + " |")
     print("|---" * (2 + len(evals)) + "|")
-    print("| auto | " + " | ".join(row(replay(rows, EAGERNESS["auto"])) for rows in [train, *evals.values()]) + " |")
+    for cap_ms in (3000, *CAPS_MS):
+        e = dataclasses.replace(EAGERNESS["auto"], max_wait_ms=cap_ms)
+        print(f"| auto{'' if cap_ms == 3000 else f' ending at {cap_ms} ms (not chosen: a sensitivity)'} | "
+              + " | ".join(row(replay(rows, e)) for rows in [train, *evals.values()]) + " |")
     for name in args.sets.split(","):
-        policy, r = choose(train, FEATURE_SETS[name], args.floor)
+        chosen = choose(train, FEATURE_SETS[name], args.floor, args.p50)
+        if chosen is None:
+            print(f"| {name}: none meets the constraints on the training files |")
+            continue
+        policy, r = chosen
         print(f"| {name}: {policy.describe()} | {row(r)} | "
               + " | ".join(row(replay(rows, policy)) for rows in evals.values()) + " |")
         print(f"|   weights: {policy.model.describe()} |")
