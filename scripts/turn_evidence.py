@@ -176,8 +176,10 @@ def replay(rows: list[dict[str, Any]], policy: Any) -> dict[str, Any]:
     def bound(heard: dict[str, float] | None) -> Any:
         return policy.given(heard) if isinstance(policy, Policy) else policy
 
-    waits, finished_cut, kept, paused, counts = [], 0, 0, 0, []
+    waits, finished_cut, kept, paused, counts, unfinished = [], 0, 0, 0, [], []
     for r in rows:
+        if r["kind"] == "unfinished":  # real speech: a clause the sentence goes on after; how long it waits
+            unfinished.append(verdicts(r["final"], bound(r["final_evidence"]), 10_000)[0] or policy.max_wait_ms)
         cut = any(verdicts(m, bound(e), len(m) * CHUNK_MS)[0] is not None for m, e in zip(r["mid"], r["mid_evidence"]))
         if r["kind"] == "paused":
             paused, kept = paused + 1, kept + (not cut)
@@ -187,8 +189,8 @@ def replay(rows: list[dict[str, Any]], policy: Any) -> dict[str, Any]:
             waits.append(r["vad_tail_ms"] + wait)
             counts.append(len(check_times(policy, wait)))
     return {"p50": float(np.percentile(waits, 50)), "p90": float(np.percentile(waits, 90)),
-            "finished_cut": finished_cut, "kept": kept, "paused": paused,
-            "kept_share": kept / paused if paused else 1.0, "verdicts": float(np.mean(counts))}
+            "finished_cut": finished_cut, "kept": kept, "paused": paused, "kept_share": kept / paused if paused else 1.0,
+            "verdicts": float(np.mean(counts)), "unfinished": unfinished}
 
 
 def check_times(policy: Any, ended_ms: int) -> list[int]:
@@ -224,7 +226,27 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
 
 def row(r: dict[str, Any]) -> str:
     return (f"{r['p50']:.0f} / {r['p90']:.0f} ms, kept {r['kept']}/{r['paused']}, finished cut {r['finished_cut']},"
-            f" {r['verdicts']:.1f} verdicts")
+            f" {r['verdicts']:.1f} verdicts" + (f", unfinished wait {r['unfinished']} ms" if r["unfinished"] else ""))
+
+
+def separation(paths: list[str]) -> None:
+    """Smart Turn's score at 64 and 192 ms of silence and each piece of evidence on its own: the chance that a
+    finished sentence's final silence has a higher value than a mid-sentence pause of >= 400 ms (0.5: no
+    separation; below 0.5: the other way round), per file."""
+    columns = {"P at 64 ms": lambda scores, e: scores[1], "P at 192 ms": lambda scores, e: scores[5],
+               **{n: (lambda scores, e, k="speech_ms" if n == "speech_s" else n: e[k]) for n in EVIDENCE}}
+    print("| file (finished / pauses) | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for f in paths:
+        rows = load([f])
+        final = [(r["final"], r["final_evidence"]) for r in rows if r["kind"] in FINISHED and r["final_evidence"]]
+        mid = [(m, e) for r in rows if r["kind"] == "paused" for m, e in zip(r["mid"], r["mid_evidence"])
+               if e and len(m) * CHUNK_MS >= 400]
+        cells = []
+        for value in columns.values():
+            a, b = np.array([value(*x) for x in final])[:, None], np.array([value(*x) for x in mid])[None]
+            cells.append(f"{((a > b) + 0.5 * (a == b)).mean():.2f}")
+        print(f"| {Path(f).stem} ({len(final)} / {len(mid)}) | " + " | ".join(cells) + " |")
 
 
 def cross_validate(paths: list[str], names: list[str], floor: float, p50_ms: float) -> None:
@@ -257,7 +279,11 @@ def main() -> None:
     p.add_argument("--sets", default=",".join(FEATURE_SETS), help="feature sets to compare (comma-separated)")
     p.add_argument("--p50", type=float, default=10_000, help="finished P50 on the training files, at most (ms)")
     p.add_argument("--cv", action="store_true", help="only leave-one-file-out on the training files (a voice each)")
+    p.add_argument("--separation", action="store_true", help="only each piece of evidence's separation, per file")
     args = p.parse_args()
+    if args.separation:
+        separation(args.train + args.eval)
+        return
     if args.cv:
         cross_validate(args.train, args.sets.split(","), args.floor, args.p50)
         return

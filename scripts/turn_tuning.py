@@ -5,14 +5,16 @@
     .venv/bin/python scripts/turn_tuning.py --load tuning.json --search        # choose check times / thresholds
     .venv/bin/python scripts/turn_tuning.py --set heldout --out heldout.json   # then only evaluate on held-out
     .venv/bin/python scripts/turn_tuning.py --set heldout --voice flite:slt    # the same sentences, another voice
+    .venv/bin/python scripts/turn_tuning.py --set real --out real.json         # real speech: reporting only
 
 Each sentence of a set (scripts/turn_speech.py) goes through silero-vad and the server's TurnDetector chunk by
 chunk, as in a call (16 kHz, 32 ms chunks, no Opus); at every chunk of every silence after confirmed speech the
 end-of-turn model scores the turn's audio so far. A policy (media/end_of_turn.Eagerness) is then replayed on
 those scores: when each verdict would come (check time + the verdict's own time) and whether it ends the turn,
-in the mid-sentence pause (a cut-in) or after the real end (the wait). It also prints a ceiling for every
-policy that decides early: how many questions any one threshold could end within 256 ms of silence while it
-keeps --floor of the pauses.
+in the mid-sentence pause (a cut-in) or after the real end (the wait). Each silence also keeps the prosodic
+evidence of the speech before it (media/turn_features.py; scripts/turn_evidence.py fits policies on it). It also
+prints a ceiling for every policy that decides early: how many questions any one threshold could end within
+256 ms of silence while it keeps --floor of the pauses.
 """
 from __future__ import annotations
 
