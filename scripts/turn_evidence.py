@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does the audio's own evidence (rtc_agent/media/turn_features.py) beside Smart Turn's score end finished turns
+"""Does the audio's own evidence (scripts/turn_features.py) beside Smart Turn's score end finished turns
 sooner without cutting more mid-sentence pauses? Fitted on training score files, reported on held-out ones.
 
     .venv/bin/python scripts/turn_tuning.py --set tuning --out espeak-tuning.json    # and flite voices, heldout, real
@@ -221,7 +221,13 @@ def choose(train: list[dict[str, Any]], feature_set: tuple[tuple[str, ...], bool
 
 
 def load(paths: list[str]) -> list[dict[str, Any]]:
-    return [r for p in paths for r in json.loads(Path(p).read_text())]
+    """The rows of turn_tuning.py --out files; "a.json+b.json" is one file of both (statements with their set's
+    paused sentences, say)."""
+    return [r for p in paths for part in p.split("+") for r in json.loads(Path(part).read_text())]
+
+
+def name_of(path: str) -> str:
+    return "+".join(Path(p).stem for p in path.split("+"))
 
 
 def row(r: dict[str, Any]) -> str:
@@ -239,20 +245,21 @@ def separation(paths: list[str]) -> None:
     print("|---" * (len(columns) + 1) + "|")
     for f in paths:
         rows = load([f])
-        final = [(r["final"], r["final_evidence"]) for r in rows if r["kind"] in FINISHED and r["final_evidence"]]
         mid = [(m, e) for r in rows if r["kind"] == "paused" for m, e in zip(r["mid"], r["mid_evidence"])
                if e and len(m) * CHUNK_MS >= 400]
-        cells = []
-        for value in columns.values():
-            a, b = np.array([value(*x) for x in final])[:, None], np.array([value(*x) for x in mid])[None]
-            cells.append(f"{((a > b) + 0.5 * (a == b)).mean():.2f}")
-        print(f"| {Path(f).stem} ({len(final)} / {len(mid)}) | " + " | ".join(cells) + " |")
+        for kind in sorted({r["kind"] for r in rows} & set(FINISHED)):  # one line per kind of finished sentence
+            final = [(r["final"], r["final_evidence"]) for r in rows if r["kind"] == kind and r["final_evidence"]]
+            cells = []
+            for value in columns.values():
+                a, b = np.array([value(*x) for x in final])[:, None], np.array([value(*x) for x in mid])[None]
+                cells.append(f"{((a > b) + 0.5 * (a == b)).mean():.2f}")
+            print(f"| {name_of(f)}: {kind} ({len(final)} / {len(mid)}) | " + " | ".join(cells) + " |")
 
 
 def cross_validate(paths: list[str], names: list[str], floor: float, p50_ms: float) -> None:
     """Each training file held out in turn, the policy chosen on the others: how a feature set carries over to a
     voice it was not fitted on, without looking at the held-out sets."""
-    print("| policy | " + " | ".join(Path(f).stem for f in paths) + " | mean P50 / P90, kept |")
+    print("| policy | " + " | ".join(name_of(f) for f in paths) + " | mean P50 / P90, kept |")
     print("|---" * (len(paths) + 2) + "|")
     for name in ["auto", *names]:
         results = []
@@ -288,7 +295,7 @@ def main() -> None:
         cross_validate(args.train, args.sets.split(","), args.floor, args.p50)
         return
     train = load(args.train)
-    evals = {Path(f).stem: load([f]) for f in args.eval}
+    evals = {name_of(f): load([f]) for f in args.eval}
     print(f"| policy | train ({len(args.train)} files) | " + " | ".join(evals) + " |")
     print("|---" * (2 + len(evals)) + "|")
     for cap_ms in (3000, *CAPS_MS):

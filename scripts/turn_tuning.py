@@ -12,7 +12,7 @@ chunk, as in a call (16 kHz, 32 ms chunks, no Opus); at every chunk of every sil
 end-of-turn model scores the turn's audio so far. A policy (media/end_of_turn.Eagerness) is then replayed on
 those scores: when each verdict would come (check time + the verdict's own time) and whether it ends the turn,
 in the mid-sentence pause (a cut-in) or after the real end (the wait). Each silence also keeps the prosodic
-evidence of the speech before it (media/turn_features.py; scripts/turn_evidence.py fits policies on it). It also
+evidence of the speech before it (scripts/turn_features.py; scripts/turn_evidence.py fits policies on it). It also
 prints a ceiling for every policy that decides early: how many questions any one threshold could end within
 256 ms of silence while it keeps --floor of the pauses.
 """
@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtc_agent.config import TurnSettings  # noqa: E402
 from rtc_agent.media.end_of_turn import EAGERNESS, WINDOW_S, Eagerness, EndOfTurnModel  # noqa: E402
-from rtc_agent.media.turn_features import evidence  # noqa: E402
+from turn_features import evidence  # noqa: E402
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
 from turn_speech import SETS, VOICES, Sentence, speech_set  # noqa: E402
 
