@@ -26,6 +26,7 @@ FRAME = RATE // 50  # 20 ms
 WINDOW = 2 * FRAME  # 40 ms pitch windows
 LAGS = (RATE // 400, RATE // 60)  # 400-60 Hz
 VOICED = 0.5
+QUIET_DB = -60.0  # a turn whose loud level (P90 of its frames) is below this has no speech to judge
 _HANN = np.hanning(WINDOW).astype(np.float32)
 _HANN_AC = np.fft.irfft(np.abs(np.fft.rfft(_HANN, 2 * WINDOW)) ** 2)[:LAGS[1] + 1]
 _HANN_AC /= _HANN_AC[0]
@@ -60,16 +61,16 @@ def _pitch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def evidence(audio: np.ndarray, silence_ms: int) -> Evidence | None:
     """The evidence for the turn whose audio is `audio`, `silence_ms` of it the silence so far; None where there
-    is too little speech (under 200 ms) to say anything."""
+    is too little speech (under 200 ms, or nothing above QUIET_DB) to say anything."""
     x = np.asarray(audio, np.float32)[:max(0, len(audio) - silence_ms * RATE // 1000)]
     db = _frames_db(x)
     if len(db) < 10:
         return None
     loud = float(np.percentile(db, 90))
     active = np.flatnonzero(db > loud - 35)
-    last = int(active[-1]) + 1  # frames up to the last one with speech
-    if len(active) < 10:
+    if loud < QUIET_DB or len(active) < 10:
         return None
+    last = int(active[-1]) + 1  # frames up to the last one with speech
     tail = db[max(0, last - 10):last]
     before = db[max(0, last - 30):max(0, last - 10)]
     f0, strength = _pitch(x[:last * FRAME])
