@@ -3,18 +3,21 @@
 sooner without cutting more mid-sentence pauses? Fitted on training score files, reported on held-out ones.
 
     .venv/bin/python scripts/turn_tuning.py --set tuning --out espeak-tuning.json    # and flite voices, heldout, real
-    .venv/bin/python scripts/turn_evidence.py --train espeak-tuning.json flite-*-tuning.json \\
-        --eval espeak-heldout.json flite-*-heldout.json real.json
+    .venv/bin/python scripts/turn_tuning.py --set tuning --kinds statements --out espeak-tuning-statements.json
+    .venv/bin/python scripts/turn_evidence.py --train espeak-tuning.json+espeak-tuning-statements.json ... \
+        --eval espeak-heldout.json flite-slt-heldout.json ... real.json [--floor 0.9] [--cv] [--separation]
 
 A policy asks for Smart Turn's verdict at 64, 128 and 192 ms of silence (as `auto` does), then every `gap_ms`
 until `cap_ms`, where the turn ends anyway. At each check a logistic model of the check's features (below) gives
 P(this silence is the turn's end); the turn ends at the first check where it is >= the policy's threshold. The
+"auto then" policies keep auto's own early checks and let the model decide from 256 ms of silence on. The
 model's weights are fitted on the training files' checks (final silences against mid-sentence pauses, each
 silence weighing the same); the schedule and threshold are the fastest (finished P50 + P90) that keep
 --floor of the training pauses. Nothing is chosen on the --eval files.
 
-Feature sets compared: Smart Turn alone (its score now, at the first check, and the silence: re-scoring as the
-silence grows), then Smart Turn plus each piece of evidence on its own, then all of them.
+Feature sets compared: the early verdicts and the silence alone (the wait follows how sure the first verdicts
+were), Smart Turn re-scored as the silence grows (its latest score, its first one, the silence), then that plus
+each piece of evidence on its own, then all of them, and all but the utterance's length.
 """
 from __future__ import annotations
 
