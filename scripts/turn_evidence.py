@@ -38,8 +38,9 @@ SMART_TURN = ("logit_p", "logit_p_first", "silence_s")
 EVIDENCE = ("tail_db", "fall_db", "pitch_end_st", "pitch_slope_st_s", "speech_s")
 CAPS_MS = (1400, 2000)  # auto with a shorter cap, reported beside it
 EARLY_MS = 256  # auto's early checks are before this
-GAPS_MS = (128, 192, 256)  # checks between 192 ms and the cap: every 64 ms would cost a verdict's 45 ms of CPU
-# every 64 ms of every silence, most of a core per caller
+# the checks between 192 ms and the cap: one every 64 ms would cost a verdict's 45 ms of CPU every 64 ms of every
+# silence, most of a core per caller
+GAPS_MS = (128, 192, 256)
 WAIT = ("logit_p_early", "silence_s")
 # name: (features, auto's early checks first)
 FEATURE_SETS = {"early verdicts set the wait": (WAIT, False), "smart turn re-scored": (SMART_TURN, False),
@@ -192,8 +193,9 @@ def replay(rows: list[dict[str, Any]], policy: Any) -> dict[str, Any]:
             waits.append(r["vad_tail_ms"] + wait)
             counts.append(len(check_times(policy, wait)))
     return {"p50": float(np.percentile(waits, 50)), "p90": float(np.percentile(waits, 90)),
-            "finished_cut": finished_cut, "kept": kept, "paused": paused, "kept_share": kept / paused if paused else 1.0,
-            "verdicts": float(np.mean(counts)), "unfinished": unfinished}
+            "finished_cut": finished_cut, "kept": kept, "paused": paused,
+            "kept_share": kept / paused if paused else 1.0, "verdicts": float(np.mean(counts)),
+            "unfinished": unfinished}
 
 
 def check_times(policy: Any, ended_ms: int) -> list[int]:
