@@ -31,8 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtc_agent.config import TurnSettings  # noqa: E402
 from rtc_agent.media.end_of_turn import EAGERNESS, WINDOW_S, Eagerness, EndOfTurnModel  # noqa: E402
-from turn_features import evidence  # noqa: E402
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
+from turn_features import evidence  # noqa: E402
 from turn_speech import SETS, VOICES, Sentence, speech_set  # noqa: E402
 
 RATE = 16_000
@@ -42,6 +42,7 @@ VERDICT_MS = 45  # a verdict comes this long after its check (the model's time p
 
 
 def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> list[Sentence]:
+    """A synthetic set's sentences (scripts/turn_speech.py), or with "real" every real clip (of every kind)."""
     if name == "real":
         from real_speech import KINDS as REAL_KINDS, real_set
 
