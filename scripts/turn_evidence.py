@@ -119,7 +119,7 @@ class Policy:
         return self.cap_ms
 
     def next_check_ms(self, point_ms: int) -> int:
-        return point_ms + (64 if point_ms + 64 < 256 else self.gap_ms)
+        return point_ms + (64 if point_ms + 64 < EARLY_MS else self.gap_ms)
 
     def ends_turn(self, asked: list[float], silence_ms: int) -> bool:
         if self.after_auto and silence_ms < EARLY_MS:
@@ -130,8 +130,8 @@ class Policy:
         return dataclasses.replace(self, heard=heard)
 
     def describe(self) -> str:
-        return (f"{'auto until 256 ms, then ' if self.after_auto else ''}checks 64/128/192 then every {self.gap_ms} ms,"
-                f" cap {self.cap_ms} ms, end at q >= {self.threshold}")
+        early = "auto's checks" if self.after_auto else "checks 64/128/192"
+        return f"{early}, then every {self.gap_ms} ms, cap {self.cap_ms} ms, end at q >= {self.threshold}"
 
 
 def silences(rows: list[dict[str, Any]]) -> list[tuple[list[float], dict[str, float] | None, bool, int]]:
@@ -202,20 +202,21 @@ def check_times(policy: Any, ended_ms: int) -> list[int]:
     """The check points a turn asked Smart Turn at before it ended at `ended_ms` of silence (a verdict's CPU
     each); a Policy that does not look at the latest verdict needs none after the early ones."""
     points, point = [], policy.first_check_ms
-    last = ended_ms if not isinstance(policy, Policy) or "logit_p" in policy.model.names else min(ended_ms, 256)
+    rescores = not isinstance(policy, Policy) or "logit_p" in policy.model.names
+    last = ended_ms if rescores else min(ended_ms, EARLY_MS)
     while point + VERDICT_MS <= last:
         points.append(point)
         point = policy.next_check_ms(point)
     return points
 
 
-def choose(train: list[dict[str, Any]], feature_set: tuple[tuple[str, ...], bool], floor: float, p50_ms: float = 10_000
-           ) -> tuple[Policy, dict[str, Any]] | None:
+def choose(train: list[dict[str, Any]], feature_set: tuple[tuple[str, ...], bool], floor: float,
+           p50_ms: float = 10_000) -> tuple[Policy, dict[str, Any]] | None:
     """The fastest policy (finished P50 + P90) keeping `floor` of the training pauses with a P50 of at most
     `p50_ms`, fitted on `train`."""
     best: tuple[float, Policy, dict[str, Any]] | None = None
+    names, after_auto = feature_set
     for gap_ms, cap_ms in itertools.product(GAPS_MS, (1100, 1400, 1700, 2000, 3000)):
-        names, after_auto = feature_set
         model = fit(*check_rows(train, gap_ms, cap_ms, names, after_auto), names)
         for threshold in np.round(np.arange(0.30, 0.99, 0.02), 2):
             policy = Policy(model, float(threshold), gap_ms, cap_ms, after_auto)
