@@ -126,7 +126,7 @@ SETS = tuple(QUESTIONS)
 
 @dataclass
 class Sentence:
-    kind: str  # "question" or "paused"
+    kind: str  # "question", "statement" or "paused"
     text: str
     samples: np.ndarray  # mono float32 at the rate asked for
     end: int  # last speech sample
@@ -173,8 +173,9 @@ def _flite(voice: str, text: str, rate: int) -> np.ndarray:
 
 def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = False, voice: str = "espeak-ng"
                ) -> list[Sentence]:
-    """The sentences of set `name` ("tuning" or "heldout"), of the kinds asked for ("questions", "paused"), said
-    by `voice` (one of VOICES); `continuation`: the paused ones with a comma before their break (see `espeak`)."""
+    """The sentences of set `name` ("tuning" or "heldout"), of the kinds asked for ("questions", "statements": the
+    paused sentences said without their pause, "paused"), said by `voice` (one of VOICES); `continuation`: the
+    paused ones with a comma before their break (see `espeak`)."""
     if name not in QUESTIONS:
         raise ValueError(f"unknown speech set {name!r} (one of {', '.join(SETS)})")
     if voice not in VOICES:
@@ -185,6 +186,10 @@ def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = Fals
         for q in QUESTIONS[name]:
             s = synthesize(q, rate)
             out.append(Sentence("question", q, s, int(np.flatnonzero(np.abs(s) > LEVEL)[-1]), None))
+    if "statements" in kinds:  # the paused sentences said whole: finished sentences that are not questions
+        for before, _, after in PAUSED[name]:
+            s = synthesize(f"{before} {after}", rate)
+            out.append(Sentence("statement", f"{before} {after}", s, int(np.flatnonzero(np.abs(s) > LEVEL)[-1]), None))
     if "paused" in kinds:
         for before, ms, after in PAUSED[name]:
             s = synthesize(before, rate, ms, after, continuation)

@@ -5,14 +5,16 @@
     .venv/bin/python scripts/turn_tuning.py --load tuning.json --search        # choose check times / thresholds
     .venv/bin/python scripts/turn_tuning.py --set heldout --out heldout.json   # then only evaluate on held-out
     .venv/bin/python scripts/turn_tuning.py --set heldout --voice flite:slt    # the same sentences, another voice
+    .venv/bin/python scripts/turn_tuning.py --set real --out real.json         # real speech: reporting only
 
 Each sentence of a set (scripts/turn_speech.py) goes through silero-vad and the server's TurnDetector chunk by
 chunk, as in a call (16 kHz, 32 ms chunks, no Opus); at every chunk of every silence after confirmed speech the
 end-of-turn model scores the turn's audio so far. A policy (media/end_of_turn.Eagerness) is then replayed on
 those scores: when each verdict would come (check time + the verdict's own time) and whether it ends the turn,
-in the mid-sentence pause (a cut-in) or after the real end (the wait). It also prints a ceiling for every
-policy that decides early: how many questions any one threshold could end within 256 ms of silence while it
-keeps --floor of the pauses.
+in the mid-sentence pause (a cut-in) or after the real end (the wait). Each silence also keeps the prosodic
+evidence of the speech before it (scripts/turn_features.py; scripts/turn_evidence.py fits policies on it). It also
+prints a ceiling for every policy that decides early: how many questions any one threshold could end within
+256 ms of silence while it keeps --floor of the pauses.
 """
 from __future__ import annotations
 
@@ -28,19 +30,30 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtc_agent.config import TurnSettings  # noqa: E402
-from rtc_agent.media.end_of_turn import EAGERNESS, Eagerness, EndOfTurnModel  # noqa: E402
+from rtc_agent.media.end_of_turn import EAGERNESS, WINDOW_S, Eagerness, EndOfTurnModel  # noqa: E402
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
-from turn_speech import SETS, VOICES, speech_set  # noqa: E402
+from turn_features import evidence  # noqa: E402
+from turn_speech import SETS, VOICES, Sentence, speech_set  # noqa: E402
 
 RATE = 16_000
+FINISHED = ("question", "statement", "finished")  # a whole sentence, then silence (synthetic sets; real speech)
 LONGEST_MS = 1600  # scores kept after the real end
 VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/TURN_TAKING.md)
+
+
+def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> list[Sentence]:
+    """A synthetic set's sentences (scripts/turn_speech.py), or with "real" every real clip (of every kind)."""
+    if name == "real":
+        from real_speech import KINDS as REAL_KINDS, real_set
+
+        return real_set(list(REAL_KINDS), RATE)
+    return speech_set(name, kinds, RATE, continuation, voice)
 
 
 def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) -> list[dict[str, Any]]:
     model, vad, turn = EndOfTurnModel(), SpeechProbability(), TurnSettings()
     out = []
-    for s in speech_set(name, kinds, RATE, continuation, voice):
+    for s in sentences(name, kinds, continuation, voice):
         vad.reset()
         detector = TurnDetector(turn.vad_threshold, 10_000, turn.min_speech_ms)
         audio = np.concatenate([s.samples, np.zeros(RATE * 2, np.float32)])
@@ -50,14 +63,21 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) ->
             detector.feed(vad(audio[end - CHUNK_SAMPLES:end]))
             run = detector.silence_run_ms if detector.confirmed else 0
             if run == CHUNK_MS:  # a silence begins (as silero counts it, at the start of this chunk's run)
-                silences.append({"begins_ms": (end - CHUNK_SAMPLES) * 1000 // RATE, "scores": []})
+                heard = evidence(audio[max(0, end - RATE * WINDOW_S - CHUNK_SAMPLES):end], CHUNK_MS)
+                silences.append({"begins_ms": (end - CHUNK_SAMPLES) * 1000 // RATE, "scores": [],
+                                 "evidence": heard and dataclasses.asdict(heard)})
             if run and len(silences[-1]["scores"]) < LONGEST_MS // CHUNK_MS:
                 silences[-1]["scores"].append(round(model(audio[:end]), 4))
         real_end_ms = s.end * 1000 // RATE
-        final = [x for x in silences if x["begins_ms"] >= real_end_ms - CHUNK_MS]
-        mid = [x for x in silences if x["begins_ms"] < real_end_ms - CHUNK_MS]
-        out.append({"kind": s.kind, "text": s.text, "vad_tail_ms": final[0]["begins_ms"] - real_end_ms if final else None,
-                    "final": final[0]["scores"] if final else [], "mid": [x["scores"] for x in mid]})
+        # The final silence is the last one (it runs into the 2 s of zeros): silero may count it from a little
+        # before the last faint sound (real speech: "This conference is locked!"), so it is not told by its start.
+        final = silences[-1:] if silences and silences[-1]["begins_ms"] >= real_end_ms - 500 else []
+        mid = silences[:len(silences) - len(final)]
+        out.append({"kind": s.kind, "text": s.text, "id": s.id, "voice": s.voice or voice,
+                    "vad_tail_ms": final[0]["begins_ms"] - real_end_ms if final else None,
+                    "final": final[0]["scores"] if final else [], "mid": [x["scores"] for x in mid],
+                    "final_evidence": final[0]["evidence"] if final else None,
+                    "mid_evidence": [x["evidence"] for x in mid]})
         print(f"{s.text}: tail {out[-1]['vad_tail_ms']} ms, {len(mid)} pauses", file=sys.stderr)
     return out
 
@@ -82,16 +102,16 @@ def verdicts(scores: list[float], e: Eagerness, longest_ms: int) -> tuple[int | 
 def evaluate(rows: list[dict[str, Any]], e: Eagerness) -> dict[str, Any]:
     """Questions: speech end -> the verdict that ends the turn (VAD tail + wait); every sentence: cut in a pause
     inside it or not (a question's pauses are espeak-ng's short ones between phrases)."""
-    waits, cut = [], {"question": 0, "paused": 0}
+    waits, cut = [], {"question": 0, "statement": 0, "finished": 0, "paused": 0, "unfinished": 0}
     for r in rows:
         cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS)[0] is not None for m in r["mid"])
-        if r["kind"] == "question":
+        if r["kind"] in FINISHED:
             wait, _ = verdicts(r["final"], e, 10_000)
             waits.append(r["vad_tail_ms"] + (wait if wait is not None else e.max_wait_ms))
     paused = sum(r["kind"] == "paused" for r in rows)
     return {"speech_end_to_verdict_p50_ms": float(np.percentile(waits, 50)),
             "speech_end_to_verdict_p90_ms": float(np.percentile(waits, 90)),
-            "questions_cut": cut["question"], "not_cut": f"{paused - cut['paused']}/{paused}",
+            "questions_cut": sum(cut[k] for k in FINISHED), "not_cut": f"{paused - cut['paused']}/{paused}",
             "not_cut_share": (paused - cut["paused"]) / paused}
 
 
@@ -100,7 +120,7 @@ def early_bound(rows: list[dict[str, Any]], floor: float, within_ms: int = 256) 
     chunk, the best one counts) while at least `floor` of the cut sentences stay below it over as much of each
     of their pauses: (questions, of how many, the threshold). A ceiling for every policy that decides early."""
     k = within_ms // CHUNK_MS
-    q = np.array([max(r["final"][:k]) for r in rows if r["kind"] == "question"])
+    q = np.array([max(r["final"][:k]) for r in rows if r["kind"] in FINISHED])
     cut = np.array([max(max(m[:k]) for m in r["mid"]) if r["mid"] else 0.0 for r in rows if r["kind"] == "paused"])
     share, threshold = max(((q >= t).mean(), t) for t in np.unique(np.concatenate([q, cut, [1.01]]))
                            if (cut < t).mean() >= floor)
@@ -111,7 +131,7 @@ def separation(rows: list[dict[str, Any]], silence_ms: int) -> float:
     """The chance that a complete question scores above a sentence cut in its (longest) pause, both `silence_ms`
     into the silence: 0.5 when the model cannot tell them apart, 1 when it always can."""
     k = silence_ms // CHUNK_MS - 1
-    q = np.array([r["final"][k] for r in rows if r["kind"] == "question" and len(r["final"]) > k])
+    q = np.array([r["final"][k] for r in rows if r["kind"] in FINISHED and len(r["final"]) > k])
     cut = np.array([max(r["mid"], key=len)[k] for r in rows
                     if r["kind"] == "paused" and r["mid"] and len(max(r["mid"], key=len)) > k])
     return float(((q[:, None] > cut[None]) + 0.5 * (q[:, None] == cut[None])).mean())
@@ -134,8 +154,9 @@ def search(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--set", choices=SETS, help="score this speech set")
-    p.add_argument("--kinds", default="questions,paused", help="questions, paused or both")
+    p.add_argument("--set", choices=SETS + ("real",), help="score this speech set (real: scripts/real_speech.py, "
+                   "held out, for reporting only)")
+    p.add_argument("--kinds", default="questions,paused", help="questions, statements, paused (comma-separated)")
     p.add_argument("--continuation", action="store_true", help="a comma before each mid-sentence break")
     p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says the set")
     p.add_argument("--out", help="keep the scores here (JSON)")
@@ -149,9 +170,11 @@ def main() -> None:
         rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice)
     if args.out:
         Path(args.out).write_text(json.dumps(rows))
-    tails = [r["vad_tail_ms"] for r in rows if r["kind"] == "question"]
+    tails = [r["vad_tail_ms"] for r in rows if r["kind"] in FINISHED]
     print(f"VAD tail (last sound -> silence as silero counts it): P50 {np.percentile(tails, 50):.0f} ms, "
           f"P90 {np.percentile(tails, 90):.0f} ms")
+    if not any(r["kind"] == "paused" for r in rows):
+        return  # the replays below weigh finished sentences against paused ones: load both files together
     for name, e in EAGERNESS.items():
         print(name, evaluate(rows, e))
     print("separation of complete from cut: " + ", ".join(f"{ms} ms {separation(rows, ms):.2f}" for ms in (128, 256)))
