@@ -132,8 +132,10 @@ class Engine:
         """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first. `key`: the session
         slot it works on (its jobs keep their order; a generator `fn` may be batched with other slots' prefills)."""
         priority = URGENT if urgent else NORMAL
-        call = lambda: fn(*args)  # noqa: E731
-        call.__name__ = getattr(fn, "__name__", "?")
+        def call() -> T:
+            return fn(*args)
+
+        call.__name__ = getattr(fn, "__name__", "?")  # (what the worker trace calls the job)
         return await asyncio.wrap_future(self._worker.submit(call, priority, key))
 
     def new_session(self, options: SessionOptions = SessionOptions()) -> "Session":
@@ -258,7 +260,7 @@ class Session:
                 raise EngineOutOfMemory("the GPU ran out of memory for this turn; it was dropped (the call goes "
                                         "on: speak again)") from None
 
-        job.__name__ = getattr(fn, "__name__", "job")
+        job.__name__ = getattr(fn, "__name__", "job")  # (what the worker trace calls the job)
         return await self._run(job, urgent=urgent)
 
     async def limit_video(self, window_s: int) -> int | None:
