@@ -485,7 +485,7 @@ class Conversation:
             self._spawn(self.session.cancel(sent if frames_heard is None else min(sent, frames_heard)))
 
     async def _answer_one(self, answer: Answer) -> None:
-        playout = answer.playout = self.track.start_playout()
+        playout = answer.playout = self.track.start_playout(speech=not answer.text_only)
         done: ResponseDone | None = None
         error: str | None = None
         if answer.cancelled:  # cut before the engine began: its audio stays, the caller's turn goes on

@@ -16,7 +16,7 @@ from rtc_agent.client.camera import SyntheticCamera
 from rtc_agent.config import TurnSettings, build_settings, settings_from_args
 from rtc_agent.media.ice import parse_ice_server
 from rtc_agent.media.inbound import Chunker, Downmixer, InOrderAudioBuffer
-from rtc_agent.media.outbound import FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder, OutboundAudioTrack
+from rtc_agent.media.outbound import AWAIT_STEP, FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder, OutboundAudioTrack
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, SpeechProbability, TurnDetector
 from rtc_agent.media.video import FrameGrid, model_size, sample_video
 from rtc_agent.server.protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, parse_client_message,
@@ -124,6 +124,7 @@ def test_outbound_track_paces_packets_plays_answers_and_drops_them_on_interrupt(
         started = time.monotonic()
         packets = [await track.recv() for _ in range(3)]  # 20 ms silence packets while idle
         playout = track.start_playout()
+        packets += [await track.recv() for _ in range(2)]  # 10 ms ones while the answer's first frame is awaited
         for _ in range(5):
             playout.push(tone)
         packets += [await track.recv() for _ in range(2)]  # the answer: 80 ms packets
@@ -132,7 +133,7 @@ def test_outbound_track_paces_packets_plays_answers_and_drops_them_on_interrupt(
         assert playout.done.is_set() and playout.interrupted and playout.frames_dropped == 3
         packets += [await track.recv() for _ in range(2)]  # one 80 ms flush of zeros, then idle again
         elapsed = time.monotonic() - started
-        steps = [IDLE_STEP] * 3 + [PACKET_STEP] * 3 + [IDLE_STEP]  # each packet's duration
+        steps = [IDLE_STEP] * 3 + [AWAIT_STEP] * 2 + [PACKET_STEP] * 3 + [IDLE_STEP]  # each packet's duration
         assert np.diff([p.pts for p in packets]).tolist() == steps[:-1]
         assert elapsed == pytest.approx(sum(steps[:-1]) / 48000, abs=0.04)  # paced in real time
 
@@ -151,6 +152,11 @@ def test_outbound_track_paces_packets_plays_answers_and_drops_them_on_interrupt(
         assert late.done.is_set() and late.frames_sent == 2 and late.frames_late == 1
         flush, idle = await track.recv(), await track.recv()
         assert idle.pts - flush.pts == PACKET_STEP and gap.pts
+
+        written = track.start_playout(speech=False)  # a written answer sends no frames: idle packets go on
+        assert (await track.recv()).pts == idle.pts + IDLE_STEP
+        assert (await track.recv()).pts == idle.pts + 2 * IDLE_STEP
+        written.finish()
         track.stop()
 
     run(main())

@@ -7,7 +7,10 @@ nothing is resampled; the RTP clock is 48 kHz as Opus requires: the timestamp st
 
 Between answers the stream goes on with 20 ms silence packets (one pre-encoded packet, sent again and again):
 the receiver's clock never stops, so nothing bursts when speech resumes, and an answer's first packet waits
-at most 20 ms for its slot instead of up to 80. Once an answer's audio has been sent (or cut), one more 80 ms
+at most 20 ms for its slot instead of up to 80. From the turn's end until the answer's first frame is ready the
+silence packets are 10 ms, so that wait is at most 10 ms (5 on average; the receiver plays each packet at its
+timestamp, so only a nearer slot, not an early send, makes the answer heard sooner); the higher packet rate lasts
+only as long as the engine takes to its first frame. Once an answer's audio has been sent (or cut), one more 80 ms
 packet of zeros flushes the encoder's look-ahead, so the answer's last milliseconds are heard and the next
 answer starts from silence.
 
@@ -33,6 +36,7 @@ FRAME_SAMPLES = 1920  # 80 ms at 24 kHz
 RTP_RATE = 48_000
 PACKET_STEP = 3840  # 80 ms at 48 kHz
 IDLE_STEP = 960  # 20 ms at 48 kHz: a silence packet between answers
+AWAIT_STEP = 480  # 10 ms at 48 kHz: a silence packet while an answer's first frame is on its way
 PACKET_S = FRAME_SAMPLES / SAMPLE_RATE
 RTP_TIME_BASE = fractions.Fraction(1, RTP_RATE)
 MAX_LAG_S = 0.25  # further behind than this (the event loop stalled): restart the clock instead of bursting
@@ -42,7 +46,8 @@ LATE_GRACE_S = 0.04  # how long a mid-answer frame may be late before its slot g
 class Playout:
     """One answer's audio on its way out, and what happened to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, speech: bool = True) -> None:
+        self.speech = speech  # False: a written answer, which sends no frames
         self._frames: collections.deque[np.ndarray] = collections.deque()
         self._finished = False
         self._gap = False  # a silence packet went out mid-answer: the next frame is late
@@ -85,6 +90,11 @@ class Playout:
     @property
     def queued(self) -> int:
         return len(self._frames)
+
+    @property
+    def awaiting_first_frame(self) -> bool:
+        """A spoken answer whose first frame has not been sent yet and is still to come."""
+        return self.speech and self.first_packet_at is None and not self._finished
 
     async def wait_for_frame(self, timeout_s: float) -> None:
         """Mid-answer with no frame queued: wait up to `timeout_s` for the next frame (or the answer's end)."""
@@ -148,9 +158,9 @@ class OpusEncoder:
         return packets[0]
 
 
-def _silence_packet() -> bytes:
-    """A 20 ms Opus packet of silence, as a settled encoder makes it."""
-    encoder, silence = OpusEncoder(frame_ms=20), np.zeros(SAMPLE_RATE // 50, np.float32)
+def _silence_packet(frame_ms: int) -> bytes:
+    """An Opus packet of `frame_ms` of silence, as a settled encoder makes it."""
+    encoder, silence = OpusEncoder(frame_ms=frame_ms), np.zeros(SAMPLE_RATE * frame_ms // 1000, np.float32)
     for _ in range(4):
         encoder.encode(silence)
     return bytes(encoder.encode(silence))
@@ -162,11 +172,11 @@ class AnswerOutput:
     def __init__(self) -> None:
         self._playout: Playout | None = None
 
-    def start_playout(self) -> Playout:
-        """A new answer; whatever was still queued from an earlier one is dropped."""
+    def start_playout(self, speech: bool = True) -> Playout:
+        """A new answer (`speech` False: a written one); whatever was still queued from an earlier one is dropped."""
         if self._playout is not None and not self._playout.done.is_set():
             self._playout.interrupt()
-        self._playout = Playout()
+        self._playout = Playout(speech)
         self._started()
         return self._playout
 
@@ -184,18 +194,19 @@ class AnswerOutput:
 
 class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
     """An audio track whose recv() hands aiortc one pre-encoded Opus packet at a time, in real time:
-    80 ms packets while an answer plays, 20 ms silence packets between answers."""
+    80 ms packets while an answer plays, 20 ms silence packets between answers (10 ms ones while an answer's
+    first frame is awaited)."""
 
     kind = "audio"
-    _idle_packet: bytes | None = None
+    _silence: dict[int, bytes] = {}  # RTP step -> a pre-encoded silence packet of that length
 
     def __init__(self) -> None:
         AnswerOutput.__init__(self)
         MediaStreamTrack.__init__(self)
         self._encoder = OpusEncoder()
         self._zeros = np.zeros(FRAME_SAMPLES, np.float32)
-        if OutboundAudioTrack._idle_packet is None:
-            OutboundAudioTrack._idle_packet = _silence_packet()
+        if not OutboundAudioTrack._silence:
+            OutboundAudioTrack._silence = {IDLE_STEP: _silence_packet(20), AWAIT_STEP: _silence_packet(10)}
         self._speaking = False  # 80 ms packets: from an answer's first frame to the flush after its last
         self._start: float | None = None
         self._pts = 0  # RTP timestamp of the next packet
@@ -218,7 +229,9 @@ class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
         if frame is not None:
             packet, step = self._encoder.encode(frame), PACKET_STEP
         else:
-            packet, step = av.Packet(self._idle_packet), IDLE_STEP
+            awaiting = self._playout is not None and self._playout.awaiting_first_frame
+            step = AWAIT_STEP if awaiting else IDLE_STEP
+            packet = av.Packet(self._silence[step])
         packet.pts = self._pts
         packet.time_base = RTP_TIME_BASE
         self._pts += step
@@ -226,7 +239,7 @@ class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
         return packet
 
     def _take(self) -> np.ndarray | None:
-        """The next 80 ms of answer audio (zeros for a gap or the final flush), or None: a 20 ms idle packet."""
+        """The next 80 ms of answer audio (zeros for a gap or the final flush), or None: an idle packet."""
         playout = self._playout
         frame = playout.take() if playout is not None else None
         if playout is not None and playout.done.is_set():
