@@ -4,7 +4,8 @@
 # processes auto): 1 caller (3 turns), 8, 16 and 24 at once, then 8 at once with one media process killed (SIGKILL)
 # mid-call. Part 2: `--turn-detection server_vad --max-sessions 32`: 8 and 32 at once.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_processes.sh 1|2 [WAV]
-# (SERVE_ARGS="--quantize int4": more serve flags for part 1; CALLERS="1 8 16": its loads, each "N at once")
+# (SERVE_ARGS="--quantize int4": more serve flags for part 1; CALLERS="1 8 16": its loads, each "N at once", or
+# "N:file.wav" to say another WAV; KILL=0: no SIGKILL run)
 set -u
 part=${1:-1}
 wav=${2:-.whl/question.wav}
@@ -33,10 +34,11 @@ serve() {
         kill -0 "$server" 2> /dev/null || { echo "serve exited:"; tail -40 "$out/serve-$part.log"; exit 1; }
         sleep 2
     done
-    grep -E "slots|media processes|serving on" "$out/serve-$part.log" | head -5
+    echo "$(date +%T) ready"; grep -E "slots|media processes|serving on" "$out/serve-$part.log" | head -5
 }
 loadtest() {
     local name=$1; shift
+    echo "$(date +%T) $name"
     timeout 200 python3 -m rtc_agent.cli loadtest "$url" --wav "$wav" --retry-s 60 --ice-host-address 127.0.0.1 \
         --json "$@" > "$out/$name.json" 2> "$out/$name.err"
     summary "$out/$name.json"
@@ -44,9 +46,14 @@ loadtest() {
 readyz() { python3 -c "import json, urllib.request; print(json.dumps(json.load(urllib.request.urlopen('$url/readyz'))))"; }
 if [ "$part" = 1 ]; then
     serve ${SERVE_ARGS:-}
-    for n in ${CALLERS:-1 8 16 24}; do
-        loadtest "loadtest-$n" --callers "$n" $([ "$n" = 1 ] && echo --turns 3)
+    i=0
+    for load in ${CALLERS:-1 8 16 24}; do  # a load may repeat ("24 24 24"): each has its own file
+        n=${load%%:*}; w=$([ "$load" = "$n" ] && echo "$wav" || echo "${load#*:}")  # N or N:other.wav
+        i=$((i + 1))
+        loadtest "loadtest-$i-$n" --callers "$n" --wav "$w" $([ "$n" = 1 ] && echo --turns 3)  # (the last --wav counts)
     done
+fi
+if [ "$part" = 1 ] && [ "${KILL:-1}" = 1 ]; then
     # 8 at once; once all 8 are in, SIGKILL the media process with the most calls
     loadtest loadtest-8-kill --callers 8 &
     tester=$!
@@ -69,9 +76,11 @@ for c in json.load(open(sys.argv[1]))["callers"]:
     print(c["session_id"], (c["failure"] or {}).get("code"), "answered", s["answered"], "late", s["frames_late"],
           "heard", s["heard_ms"]["p50"])
 PY
-else
+fi
+if [ "$part" = 2 ]; then
     serve --turn-detection server_vad --max-sessions 32
     loadtest loadtest-8-server-vad --callers 8
+    loadtest loadtest-8-server-vad-2 --callers 8
     loadtest loadtest-32-server-vad --callers 32
 fi
 kill -INT "$server"; wait "$server"
