@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtc_agent.config import TurnSettings  # noqa: E402
+from rtc_agent.media import last_words  # noqa: E402
 from rtc_agent.media.end_of_turn import EAGERNESS, WINDOW_S, Eagerness, EndOfTurnModel  # noqa: E402
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
 from turn_features import evidence  # noqa: E402
@@ -39,6 +40,7 @@ RATE = 16_000
 FINISHED = ("question", "statement", "finished")  # a whole sentence, then silence (synthetic sets; real speech)
 LONGEST_MS = 1600  # scores kept after the real end
 VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/TURN_TAKING.md)
+WORDS_MS = 90  # the last words come this long after the pause's first check (last_words.py, a 2-3 s turn)
 
 
 def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> list[Sentence]:
@@ -52,6 +54,8 @@ def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> li
 
 def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) -> list[dict[str, Any]]:
     model, vad, turn = EndOfTurnModel(), SpeechProbability(), TurnSettings()
+    words = last_words.shared_transcriber() if last_words.installed() else None
+    first_check = EAGERNESS["auto"].first_check_ms
     out = []
     for s in sentences(name, kinds, continuation, voice):
         vad.reset()
@@ -68,6 +72,9 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) ->
                                  "evidence": heard and dataclasses.asdict(heard)})
             if run and len(silences[-1]["scores"]) < LONGEST_MS // CHUNK_MS:
                 silences[-1]["scores"].append(round(model(audio[:end]), 4))
+            if run == first_check and words is not None:  # the words as the first check hears them
+                text = words(audio[max(0, end - RATE * WINDOW_S):end])
+                silences[-1].update(words=text, unfinished=last_words.unfinished(text))
         real_end_ms = s.end * 1000 // RATE
         # The final silence is the last one (it runs into the 2 s of zeros): silero may count it from a little
         # before the last faint sound (real speech: "This conference is locked!"), so it is not told by its start.
@@ -76,37 +83,47 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) ->
         out.append({"kind": s.kind, "text": s.text, "id": s.id, "voice": s.voice or voice,
                     "vad_tail_ms": final[0]["begins_ms"] - real_end_ms if final else None,
                     "final": final[0]["scores"] if final else [], "mid": [x["scores"] for x in mid],
+                    "final_unfinished": final[0].get("unfinished") if final else None,
+                    "mid_unfinished": [x.get("unfinished") for x in mid],
+                    "final_words": final[0].get("words") if final else None,
+                    "mid_words": [x.get("words") for x in mid],
                     "final_evidence": final[0]["evidence"] if final else None,
                     "mid_evidence": [x["evidence"] for x in mid]})
         print(f"{s.text}: tail {out[-1]['vad_tail_ms']} ms, {len(mid)} pauses", file=sys.stderr)
     return out
 
 
-def verdicts(scores: list[float], e: Eagerness, longest_ms: int) -> tuple[int | None, float | None]:
+def verdicts(scores: list[float], e: Eagerness, longest_ms: int,
+             unfinished: bool | None = None) -> tuple[int | None, float | None]:
     """(silence ms when the turn would end, the deciding score) for one silence of `longest_ms` at most, with
-    checks as SemanticTurn makes them; (None, None): no verdict ended it."""
+    checks as SemanticTurn makes them (`unfinished`: the pause's last words, heard WORDS_MS after its first
+    check; None: not heard); (None, None): no verdict ended it."""
     point, ends_at, asked = e.first_check_ms, 0, []
+    words_at = e.first_check_ms + WORDS_MS if unfinished is not None else 0
     for i, p in enumerate(scores):
         silence = (i + 1) * CHUNK_MS
         if silence >= max(point, ends_at):  # one verdict at a time; a point passed meanwhile is asked for now
-            ends_at = silence + VERDICT_MS
+            ends_at = max(silence + VERDICT_MS, words_at)  # a verdict waits for the pause's words
             if ends_at >= longest_ms:
                 break
             point = e.next_check_ms(point)
             asked.append(p)
-            if e.ends_turn(asked, silence):
+            if e.ends_turn(asked, silence, unfinished):
                 return ends_at, p
     return (e.max_wait_ms, None) if longest_ms >= e.max_wait_ms else (None, None)
 
 
-def evaluate(rows: list[dict[str, Any]], e: Eagerness) -> dict[str, Any]:
+def evaluate(rows: list[dict[str, Any]], e: Eagerness, words: bool = False) -> dict[str, Any]:
     """Questions: speech end -> the verdict that ends the turn (VAD tail + wait); every sentence: cut in a pause
-    inside it or not (a question's pauses are espeak-ng's short ones between phrases)."""
+    inside it or not (a question's pauses are espeak-ng's short ones between phrases). `words`: with the last
+    words (scores made with a recogniser installed)."""
     waits, cut = [], {"question": 0, "statement": 0, "finished": 0, "paused": 0, "unfinished": 0}
     for r in rows:
-        cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS)[0] is not None for m in r["mid"])
+        mid_words = r.get("mid_unfinished") if words else None
+        cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS, mid_words[j] if mid_words else None)[0] is not None
+                              for j, m in enumerate(r["mid"]))
         if r["kind"] in FINISHED:
-            wait, _ = verdicts(r["final"], e, 10_000)
+            wait, _ = verdicts(r["final"], e, 10_000, r.get("final_unfinished") if words else None)
             waits.append(r["vad_tail_ms"] + (wait if wait is not None else e.max_wait_ms))
     paused = sum(r["kind"] == "paused" for r in rows)
     return {"speech_end_to_verdict_p50_ms": float(np.percentile(waits, 50)),
@@ -177,6 +194,13 @@ def main() -> None:
         return  # the replays below weigh finished sentences against paused ones: load both files together
     for name, e in EAGERNESS.items():
         print(name, evaluate(rows, e))
+    if any(r.get("final_unfinished") is not None for r in rows):
+        for name, e in EAGERNESS.items():
+            print(name, "with the last words", evaluate(rows, e, words=True))
+        if args.search:
+            for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+                e = dataclasses.replace(EAGERNESS["auto"], finished_threshold=t)
+                print(f"auto, with the last words, finished_threshold {t}:", evaluate(rows, e, words=True))
     print("separation of complete from cut: " + ", ".join(f"{ms} ms {separation(rows, ms):.2f}" for ms in (128, 256)))
     ended, questions, threshold = early_bound(rows, args.floor)
     print(f"at most {ended}/{questions} questions can end within 256 ms of silence while {args.floor:.0%} of the "

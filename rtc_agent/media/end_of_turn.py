@@ -8,6 +8,10 @@ The input is what the model was trained on: Whisper log-mel features (80 bins) o
 zero-padded at the front, made by transformers' WhisperFeatureExtractor; the output is one sigmoid,
 P(the turn is complete).
 
+Beside it, what the turn ends with in words (last_words.py: Moonshine's transcript, once per pause): a turn that
+ends on a word no sentence ends with ("for", "the", "and") is never ended by the early verdicts, and one that
+ends on another word is ended by them at a lower P(complete) (`Eagerness.finished_threshold`).
+
 Scoring runs on a small thread pool (onnxruntime with one thread per decision), never on the event loop.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import last_words
 from .vad import CHUNK_SAMPLES
 
 RATE = 16_000
@@ -78,12 +83,26 @@ class Decision:
     cost_ms: float  # CPU time of this decision on its thread (features + model)
 
 
-class EndOfTurnScorer:
-    """The process's end-of-turn model and the threads it runs on, shared by every call."""
+@dataclasses.dataclass(frozen=True)
+class Words:
+    text: str  # what the turn's audio says, as far as the recogniser heard it
+    unfinished: bool  # it ends on a word no sentence ends with (last_words.unfinished)
+    cost_ms: float  # CPU time of the transcript on its thread
 
-    def __init__(self, model: Callable[[np.ndarray], float]) -> None:
+
+class EndOfTurnScorer:
+    """The process's end-of-turn model, its recogniser of the last words (None: not installed) and the threads
+    they run on, shared by every call."""
+
+    def __init__(self, model: Callable[[np.ndarray], float],
+                 transcriber: Callable[[np.ndarray], str] | None = None) -> None:
         self._model = model
+        self._transcriber = transcriber
         self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn")
+
+    @property
+    def hears_words(self) -> bool:
+        return self._transcriber is not None
 
     def score_now(self, audio: np.ndarray) -> Decision:
         started = time.thread_time()
@@ -93,13 +112,23 @@ class EndOfTurnScorer:
     async def score(self, audio: np.ndarray) -> Decision:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.score_now, audio)
 
+    def words_now(self, audio: np.ndarray) -> Words:
+        if self._transcriber is None:
+            raise RuntimeError("no recogniser of the last words is installed")
+        started = time.thread_time()
+        text = self._transcriber(audio)
+        return Words(text, last_words.unfinished(text), round((time.thread_time() - started) * 1000, 2))
+
+    async def words(self, audio: np.ndarray) -> Words:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)
+
 
 _shared_lock = threading.Lock()
 
 
 @functools.cache
 def _load_shared() -> EndOfTurnScorer:
-    return EndOfTurnScorer(EndOfTurnModel())
+    return EndOfTurnScorer(EndOfTurnModel(), last_words.shared_transcriber() if last_words.installed() else None)
 
 
 def shared_scorer() -> EndOfTurnScorer:
@@ -129,7 +158,9 @@ class Eagerness:
     x (silence - first_check_ms), the silence being the one at which the verdict was asked for (one verdict jumps
     by up to 0.3 from one check to the next). An incomplete turn waits: the late check points are `patient_ms`
     of silence, then every `late_recheck_ms`, and their verdicts end it at P >= LATE_THRESHOLD; after
-    `max_wait_ms` of silence it ends anyway.
+    `max_wait_ms` of silence it ends anyway. Where the last words are heard (last_words.py), an early verdict never
+    ends a turn whose words are unfinished, and ends one whose words could end a sentence at P >=
+    `finished_threshold` (None: the same threshold as without words).
 
     One verdict is on its way at a time, and the points do not move with it: a point that passes while a
     verdict is on its way is asked for once that verdict is back, so a slow verdict (a busy CPU) makes the
@@ -150,6 +181,7 @@ class Eagerness:
     max_wait_ms: int
     threshold_per_ms: float = 0.0
     average_of: int = 1
+    finished_threshold: float | None = None
 
     def threshold_at(self, silence_ms: int) -> float:
         """The P(complete) that ends the turn, for a verdict asked for at `silence_ms` of silence."""
@@ -157,12 +189,18 @@ class Eagerness:
             return min(self.threshold, LATE_THRESHOLD)
         return min(self.threshold + self.threshold_per_ms * max(0, silence_ms - self.first_check_ms), 1.0)
 
-    def ends_turn(self, scores: list[float], silence_ms: int) -> bool:
-        """Whether the pause's verdicts so far (`scores`, the latest last, asked for at `silence_ms`) end it."""
+    def ends_turn(self, scores: list[float], silence_ms: int, unfinished: bool | None = None) -> bool:
+        """Whether the pause's verdicts so far (`scores`, the latest last, asked for at `silence_ms`) end it;
+        `unfinished`: what the pause's last words say (None: not heard)."""
         if silence_ms >= self.patient_ms:
             return scores[-1] >= self.threshold_at(silence_ms)
+        if unfinished:
+            return False
+        threshold = self.threshold_at(silence_ms)
+        if unfinished is False and self.finished_threshold is not None:
+            threshold = self.finished_threshold
         recent = scores[-self.average_of:]
-        return len(recent) == self.average_of and sum(recent) / len(recent) >= self.threshold_at(silence_ms)
+        return len(recent) == self.average_of and sum(recent) / len(recent) >= threshold
 
     def next_check_ms(self, point_ms: int) -> int:
         """The check point after the one at `point_ms` of silence (whenever its verdict was asked for)."""
@@ -177,13 +215,17 @@ LATE_THRESHOLD = 0.5
 # verdicts (average_of=2) did better offline but worse live on the tuning set. docs/TURN_TAKING.md has them on
 # the held-out set.
 _LATE = {"patient_ms": 1100, "late_recheck_ms": 480, "max_wait_ms": 3000}
+# With the last words heard and able to end a sentence, auto/medium's early verdicts end the turn at P >= 0.5
+# (chosen on the tuning sets, espeak-ng and flite slt, with scripts/turn_tuning.py --search; docs/TURN_TAKING.md).
+# high and low keep their thresholds: the words only hold their early verdicts back.
+FINISHED_THRESHOLD = 0.5
 EAGERNESS = {
     "high": Eagerness(threshold=0.8, first_check_ms=64, recheck_ms=96, early_until_ms=256,
                       patient_ms=640, late_recheck_ms=320, max_wait_ms=2000),
     "medium": Eagerness(threshold=0.9, threshold_per_ms=0.0002, first_check_ms=64, recheck_ms=64,
-                        early_until_ms=256, **_LATE),
+                        early_until_ms=256, finished_threshold=FINISHED_THRESHOLD, **_LATE),
     "auto": Eagerness(threshold=0.9, threshold_per_ms=0.0002, first_check_ms=64, recheck_ms=64,
-                      early_until_ms=256, **_LATE),
+                      early_until_ms=256, finished_threshold=FINISHED_THRESHOLD, **_LATE),
     "low": Eagerness(threshold=0.95, threshold_per_ms=0.0002, first_check_ms=128, recheck_ms=96,
                      early_until_ms=256, patient_ms=1400, late_recheck_ms=640, max_wait_ms=4000),
 }
@@ -213,12 +255,15 @@ class SemanticTurn:
         self.decisions: list[Decision] = []
         self.checked_at_ms: int | None = None  # the silence at which the latest verdict was asked for
         self.verdict_ms: float | None = None  # how long it took to come back (thread pool queue included)
+        self.words: Words | None = None  # the latest pause's last words, once heard
+        self._words: asyncio.Task[Words] | None = None  # the pause's transcript on its way (one per pause)
 
     def start(self, chunks: list[np.ndarray]) -> None:
         """A new turn, with its first audio (pre-roll included)."""
         self._audio, self._samples = [], 0
         self.probability, self.decisions = None, []
         self.checked_at_ms, self.verdict_ms = None, None
+        self.words = None
         self._new_pause()
         self.add(chunks)
 
@@ -238,9 +283,10 @@ class SemanticTurn:
         if silence_ms >= self._next_check_ms and not self._scoring and self._audio:
             self._next_check_ms = self.eagerness.next_check_ms(self._next_check_ms)
             self._scoring = True
-            task = asyncio.ensure_future(self._score(self._pause, np.concatenate(self._audio), silence_ms))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            audio = np.concatenate(self._audio)
+            if self._words is None and self.scorer.hears_words:  # the words do not change while the pause lasts
+                self._words = self._spawn(self.scorer.words(audio))
+            self._spawn(self._score(self._pause, audio, silence_ms))
 
     def stop(self) -> None:
         """The turn is over (or abandoned): verdicts still on their way are ignored."""
@@ -251,16 +297,24 @@ class SemanticTurn:
         for task in list(self._tasks):
             task.cancel()
 
+    def _spawn(self, work: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     def _new_pause(self) -> None:
         self._pause += 1
+        self._words = None
         self._next_check_ms = self.eagerness.first_check_ms
         self._pause_scores: list[float] = []  # this pause's verdicts
         self._scoring = False  # a verdict still on its way belongs to the old pause
 
     async def _score(self, pause: int, audio: np.ndarray, silence_ms: int) -> None:
-        asked = time.monotonic()
+        asked, words = time.monotonic(), self._words
         try:
             decision = await self.scorer.score(audio)
+            heard = await words if words is not None else None  # (asked for with the pause's first verdict)
         finally:
             if pause == self._pause:
                 self._scoring = False
@@ -269,6 +323,7 @@ class SemanticTurn:
         self.probability = decision.probability
         self.decisions.append(decision)
         self.checked_at_ms, self.verdict_ms = silence_ms, round((time.monotonic() - asked) * 1000, 1)
+        self.words = heard
         self._pause_scores.append(decision.probability)
-        if self.eagerness.ends_turn(self._pause_scores, silence_ms):
+        if self.eagerness.ends_turn(self._pause_scores, silence_ms, heard.unfinished if heard else None):
             self._on_complete()

@@ -1,0 +1,89 @@
+"""semantic_vad's last-words check: Moonshine's transcript of real espeak-ng speech, the word rule, and how the
+words change what an early verdict may do."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from rtc_agent.media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
+from rtc_agent.media.last_words import shared_transcriber, unfinished
+
+from test_end_of_turn import gap, ssml_speech
+from rtc_support import needs_espeak, run
+
+RATE = 16_000
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("What is the weather like in Paris today?", False),
+    ("Hello, how are you?", False),  # a pronoun ends it
+    ("Can you turn it on?", False),  # a verb particle, not a preposition here
+    ("I would like to book a table for.", True),  # the recogniser puts a full stop on a cut sentence too
+    ("Please add eggs and", True),
+    ("The best thing about living here is", True),
+    ("Thank you,", True),  # a comma: more is coming
+    ("Well, um", True),
+    ("", False),  # nothing heard: no evidence either way
+])
+def test_the_word_rule(text: str, expected: bool) -> None:
+    assert unfinished(text) is expected
+
+
+@needs_espeak
+def test_moonshine_hears_a_whole_question_and_a_sentence_cut_in_its_pause() -> None:
+    transcribe = shared_transcriber()
+    paused = ssml_speech("I would like to book a table for", 900, "four people tonight.", RATE)
+    start, _ = gap(paused, RATE)
+    cut = transcribe(paused[:start + RATE // 10])
+    whole = transcribe(ssml_speech("What is the weather like in Paris", 0, "today?", RATE))
+    assert "table for" in cut.lower() and unfinished(cut), cut
+    assert "weather" in whole.lower() and "paris" in whole.lower() and not unfinished(whole), whole
+    assert transcribe(np.zeros(RATE, np.float32)) in ("", ".")  # silence: no words made up
+
+
+def test_unfinished_words_hold_the_early_verdicts_and_finished_ones_lower_their_threshold() -> None:
+    auto = EAGERNESS["auto"]
+    assert auto.finished_threshold is not None and auto.finished_threshold < auto.threshold
+    assert not auto.ends_turn([0.99], 64, unfinished=True)  # the words say more is coming
+    assert auto.ends_turn([0.99], 64, unfinished=None)  # no recogniser: as before
+    p = (auto.finished_threshold + auto.threshold) / 2
+    assert auto.ends_turn([p], 64, unfinished=False) and not auto.ends_turn([p], 64, unfinished=None)
+    assert auto.ends_turn([0.6], auto.patient_ms, unfinished=True)  # the late verdicts do not listen to the words
+
+
+class _Fixed:
+    """An end-of-turn model that always says `p` (the words come from the real recogniser)."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, audio: np.ndarray) -> float:
+        return self.p
+
+
+@needs_espeak
+def test_a_pause_after_for_is_not_ended_by_a_confident_model_but_a_finished_question_is() -> None:
+    paused = ssml_speech("I would like to book a table for", 900, "four people tonight.", RATE)
+    start, _ = gap(paused, RATE)
+    question = ssml_speech("What is the weather like in Paris", 0, "today?", RATE)
+    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
+    scorer = EndOfTurnScorer(_Fixed(0.99), shared_transcriber())
+
+    async def ended(audio: np.ndarray) -> tuple[bool, str]:
+        done = asyncio.Event()
+        turn = SemanticTurn(scorer, EAGERNESS["auto"], done.set)
+        turn.start([audio])
+        for silence_ms in range(32, 800, 32):  # the early checks, then well short of the late ones
+            turn.silence(silence_ms)
+            await asyncio.sleep(0.05)
+            if done.is_set():
+                break
+        turn.close()
+        return done.is_set(), turn.words.text if turn.words else ""
+
+    held, cut_words = run(ended(paused[:start]))
+    answered, question_words = run(ended(question[:end]))
+    assert not held and "for" in cut_words.lower(), cut_words
+    assert answered and "paris" in question_words.lower(), question_words
