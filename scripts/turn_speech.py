@@ -1,9 +1,10 @@
 """The synthetic speech sets that turn-taking is tuned and measured on (scripts/turn_latency.py,
 scripts/turn_tuning.py).
 
-Two sets of different sentences, each with complete questions and sentences with a 600-1000 ms SSML <break> in
-the middle: `tuning` (the semantic_vad thresholds and check times were chosen on it) and `heldout` (written
-before any score of it was seen, never used to choose anything; the numbers reported come from it).
+Three sets of different sentences, each with complete questions and sentences with a 600-1000 ms SSML <break> in
+the middle: `tuning` (the semantic_vad thresholds and check times were chosen on it), `heldout` (written before
+any score of it was seen, never used to choose anything; the numbers reported come from it) and `fresh` (written
+in the fifteenth session, when the held-out sentences had been seen while the last-words check was drafted).
 Voice: espeak-ng's default English voice at its default rate. Other voices (en-us, en-gb-x-rp, en-us+f3) and a
 comma or "..." before the break (a continuation tone) were tried on a few sentences and separated complete from
 cut speech no better; Debian's archive here has no mbrola voices. flite's four voices (`voice="flite:slt"`...)
@@ -72,6 +73,33 @@ QUESTIONS = {
         "What is the difference between a frog and a toad?",
         "Should I take an umbrella with me today?",
     ],
+    # Written in the fifteenth session, before any score of it was seen, after the last-words check was built
+    # (its word rule had been drafted with the sentences above in view): questions of other shapes, some ending
+    # on a stranded preposition, a number or a name.
+    "fresh": [
+        "What is the tallest mountain in Africa?",
+        "Where did you put the spare keys?",
+        "How many people live in Tokyo?",
+        "Can you wake me up at seven?",
+        "What are you talking about?",
+        "Is the swimming pool heated in winter?",
+        "Who wrote the book about the white whale?",
+        "How do I change a flat tyre?",
+        "What should I pack for a weekend in Rome?",
+        "Which team won the cup in nineteen ninety eight?",
+        "Could you read me the news headlines?",
+        "Where does this train go to?",
+        "How hot is the surface of the sun?",
+        "Do you have any ideas for a birthday party?",
+        "What is a good name for a black cat?",
+        "When is the next full moon?",
+        "Why do onions make you cry?",
+        "Can you turn the volume down a little?",
+        "How long should I rest after a marathon?",
+        "What is my calendar like on Friday?",
+        "Is it safe to drink the tap water here?",
+        "How do you pronounce the name Siobhan?",
+    ],
 }
 
 # (before the pause, pause in ms, after it): the sentence plainly goes on after the pause.
@@ -119,6 +147,30 @@ PAUSED = {
         ("I have been thinking about", 900, "changing my job."),
         ("Let me know when", 700, "the washing machine is done."),
         ("Could you find out if", 800, "my flight is delayed?"),
+    ],
+    # fifteenth session, as its questions above: twelve pauses after a word no sentence ends with, and eight at a
+    # phrase boundary where the words so far could be a whole sentence (people pause there too)
+    "fresh": [
+        ("I would like to order a pizza with", 800, "extra cheese and olives."),
+        ("Can you book me a taxi to", 700, "the central station?"),
+        ("The thing I miss most is", 900, "the sea in the morning."),
+        ("Please call my wife and", 800, "tell her I am running late."),
+        ("What is the weather going to be like in", 700, "Madrid this weekend?"),
+        ("I really need a new pair of", 1000, "running shoes."),
+        ("Could you tell me whether", 800, "the museum is open on Mondays?"),
+        ("My brother is moving to", 900, "Canada next spring."),
+        ("We should leave before", 600, "the traffic gets bad."),
+        ("Can you add milk, bread and", 800, "a dozen eggs to the list?"),
+        ("I forgot the name of the", 900, "restaurant we went to."),
+        ("Is there anything good on", 700, "television tonight?"),
+        ("Send a text to my sister", 800, "saying I will be there at six."),
+        ("I want to watch a film", 900, "with lots of action in it."),
+        ("Can you find a hotel", 700, "close to the beach in Nice?"),
+        ("The kids are hungry", 800, "so let us stop for lunch soon."),
+        ("Remind me to buy flowers", 1000, "for my mother's birthday."),
+        ("Play some music", 600, "that I can dance to."),
+        ("My phone battery is low", 900, "so keep the answer short."),
+        ("Tell me about the weather", 800, "in Lisbon tomorrow afternoon."),
     ],
 }
 SETS = tuple(QUESTIONS)
@@ -173,7 +225,7 @@ def _flite(voice: str, text: str, rate: int) -> np.ndarray:
 
 def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = False, voice: str = "espeak-ng"
                ) -> list[Sentence]:
-    """The sentences of set `name` ("tuning" or "heldout"), of the kinds asked for ("questions", "statements": the
+    """The sentences of set `name` ("tuning", "heldout" or "fresh"), of the kinds asked for ("questions", "statements": the
     paused sentences said without their pause, "paused"), said by `voice` (one of VOICES); `continuation`: the
     paused ones with a comma before their break (see `espeak`)."""
     if name not in QUESTIONS:
