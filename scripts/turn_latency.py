@@ -7,6 +7,7 @@ spoken by the project's aiortc client to a real server, in each turn-detection m
     .venv/bin/python scripts/turn_latency.py --url http://127.0.0.1:8120 --modes semantic_vad:auto,server_vad:400
     .venv/bin/python scripts/turn_latency.py --callers 8 --sets questions   # 8 calls at once
     .venv/bin/python scripts/turn_latency.py --speech real        # recordings of people (scripts/real_speech.py)
+    .venv/bin/python scripts/turn_latency.py --speech fresh --voice flite:awb   # another set, another voice
 
 Per sentence: the end-of-turn probability and the wait chosen (response.done's `end_of_turn`), the heard latency
 (end of speech in the WAV -> first answer audio arriving at the caller), and whether the turn was ended inside
@@ -34,7 +35,7 @@ import numpy as np
 from rtc_agent.client.microphone import RATE, Microphone
 from rtc_agent.client.peer import Call
 from rtc_agent.media.ice import use_host_addresses
-from turn_speech import SETS, Sentence, speech_set
+from turn_speech import SETS, VOICES, Sentence, speech_set
 
 KINDS = ("question", "finished", "paused", "unfinished")  # real speech has finished, paused and unfinished
 
@@ -237,6 +238,7 @@ async def main() -> None:
                         "never tuned on)")
     p.add_argument("--sets", help="questions, paused or both (default); for --speech real: finished, paused, "
                                   "unfinished (default all three)")
+    p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says a synthetic set")
     p.add_argument("--callers", type=int, default=1, help="calls at once (each speaks the whole set)")
     p.add_argument("--json", help="write every row and the summaries here")
     args = p.parse_args()
@@ -245,7 +247,7 @@ async def main() -> None:
         from real_speech import KINDS as REAL_KINDS, real_set
         sentences = real_set((args.sets or ",".join(REAL_KINDS)).split(","), RATE)
     else:
-        sentences = speech_set(args.speech, (args.sets or "questions,paused").split(","), RATE)
+        sentences = speech_set(args.speech, (args.sets or "questions,paused").split(","), RATE, voice=args.voice)
     modes = args.modes.split(",")
     load = os.getloadavg()
     async with (contextlib.nullcontext(args.url) if args.url else own_server(args.port, max(4, args.callers))) as url:

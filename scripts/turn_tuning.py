@@ -54,7 +54,7 @@ def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> li
 
 def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) -> list[dict[str, Any]]:
     model, vad, turn = EndOfTurnModel(), SpeechProbability(), TurnSettings()
-    words = last_words.shared_transcriber() if last_words.installed() else None
+    hear = last_words.shared_last_words() if last_words.installed() else None
     first_check = EAGERNESS["auto"].first_check_ms
     out = []
     for s in sentences(name, kinds, continuation, voice):
@@ -72,9 +72,9 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) ->
                                  "evidence": heard and dataclasses.asdict(heard)})
             if run and len(silences[-1]["scores"]) < LONGEST_MS // CHUNK_MS:
                 silences[-1]["scores"].append(round(model(audio[:end]), 4))
-            if run == first_check and words is not None:  # the words as the first check hears them
-                text = words(audio[max(0, end - RATE * WINDOW_S):end])
-                silences[-1].update(words=text, unfinished=last_words.unfinished(text))
+            if run == first_check and hear is not None:  # the words as the first check hears them
+                text, p = hear(audio[max(0, end - RATE * WINDOW_S):end])
+                silences[-1].update(words=text, end_p=p)
         real_end_ms = s.end * 1000 // RATE
         # The final silence is the last one (it runs into the 2 s of zeros): silero may count it from a little
         # before the last faint sound (real speech: "This conference is locked!"), so it is not told by its start.
@@ -83,10 +83,10 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) ->
         out.append({"kind": s.kind, "text": s.text, "id": s.id, "voice": s.voice or voice,
                     "vad_tail_ms": final[0]["begins_ms"] - real_end_ms if final else None,
                     "final": final[0]["scores"] if final else [], "mid": [x["scores"] for x in mid],
-                    "final_unfinished": final[0].get("unfinished") if final else None,
-                    "mid_unfinished": [x.get("unfinished") for x in mid],
                     "final_words": final[0].get("words") if final else None,
                     "mid_words": [x.get("words") for x in mid],
+                    "final_end_p": final[0].get("end_p") if final else None,
+                    "mid_end_p": [x.get("end_p") for x in mid],
                     "final_evidence": final[0]["evidence"] if final else None,
                     "mid_evidence": [x["evidence"] for x in mid]})
         print(f"{s.text}: tail {out[-1]['vad_tail_ms']} ms, {len(mid)} pauses", file=sys.stderr)
@@ -108,22 +108,25 @@ def verdicts(scores: list[float], e: Eagerness, longest_ms: int,
                 break
             point = e.next_check_ms(point)
             asked.append(p)
-            if e.ends_turn(asked, silence, unfinished):
+            if e.ends_turn(asked, silence) if unfinished is None else e.ends_turn(asked, silence, unfinished):
                 return ends_at, p
     return (e.max_wait_ms, None) if longest_ms >= e.max_wait_ms else (None, None)
 
 
-def evaluate(rows: list[dict[str, Any]], e: Eagerness, words: bool = False) -> dict[str, Any]:
+def evaluate(rows: list[dict[str, Any]], e: Eagerness, below: float | None = None) -> dict[str, Any]:
     """Questions: speech end -> the verdict that ends the turn (VAD tail + wait); every sentence: cut in a pause
-    inside it or not (a question's pauses are espeak-ng's short ones between phrases). `words`: with the last
-    words (scores made with a recogniser installed)."""
+    inside it or not (a question's pauses are espeak-ng's short ones between phrases). `below`: with the last
+    words (scores made with them installed), unfinished below this P(the sentence ends)."""
+    def unfinished(p: float | None) -> bool | None:
+        return None if below is None or p is None else p < below
+
     waits, cut = [], {"question": 0, "statement": 0, "finished": 0, "paused": 0, "unfinished": 0}
     for r in rows:
-        mid_words = r.get("mid_unfinished") if words else None
-        cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS, mid_words[j] if mid_words else None)[0] is not None
-                              for j, m in enumerate(r["mid"]))
+        end_p = r.get("mid_end_p") or [None] * len(r["mid"])
+        cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS, unfinished(p))[0] is not None
+                              for m, p in zip(r["mid"], end_p))
         if r["kind"] in FINISHED:
-            wait, _ = verdicts(r["final"], e, 10_000, r.get("final_unfinished") if words else None)
+            wait, _ = verdicts(r["final"], e, 10_000, unfinished(r.get("final_end_p")))
             waits.append(r["vad_tail_ms"] + (wait if wait is not None else e.max_wait_ms))
     paused = sum(r["kind"] == "paused" for r in rows)
     return {"speech_end_to_verdict_p50_ms": float(np.percentile(waits, 50)),
@@ -169,6 +172,20 @@ def search(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any
     return found
 
 
+def search_words(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any], float, Eagerness]]:
+    """auto's checks with the last words: the P(the sentence ends) below which words are unfinished, and the early
+    threshold when they are not, for policies that keep at least `floor` of the pauses, fastest P50 + P90 first."""
+    found = []
+    for below, threshold in itertools.product((0.02, 0.03, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2),
+                                              (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, None)):
+        e = dataclasses.replace(EAGERNESS["auto"], finished_threshold=threshold)
+        r = evaluate(rows, e, below)
+        if r["not_cut_share"] >= floor:
+            found.append((r, below, e))
+    found.sort(key=lambda f: f[0]["speech_end_to_verdict_p50_ms"] + f[0]["speech_end_to_verdict_p90_ms"])
+    return found
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", choices=SETS + ("real",), help="score this speech set (real: scripts/real_speech.py, "
@@ -177,12 +194,12 @@ def main() -> None:
     p.add_argument("--continuation", action="store_true", help="a comma before each mid-sentence break")
     p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says the set")
     p.add_argument("--out", help="keep the scores here (JSON)")
-    p.add_argument("--load", help="scores made before (JSON) instead of --set")
+    p.add_argument("--load", nargs="+", help="scores made before (JSON files, taken together) instead of --set")
     p.add_argument("--search", action="store_true", help="look for the fastest policies that keep --floor")
     p.add_argument("--floor", type=float, default=0.85, help="share of pauses not cut, at least")
     args = p.parse_args()
     if args.load:
-        rows = json.loads(Path(args.load).read_text())
+        rows = [row for path in args.load for row in json.loads(Path(path).read_text())]
     else:
         rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice)
     if args.out:
@@ -194,13 +211,13 @@ def main() -> None:
         return  # the replays below weigh finished sentences against paused ones: load both files together
     for name, e in EAGERNESS.items():
         print(name, evaluate(rows, e))
-    if any(r.get("final_unfinished") is not None for r in rows):
+    if any(r.get("final_words") is not None for r in rows):
         for name, e in EAGERNESS.items():
-            print(name, "with the last words", evaluate(rows, e, words=True))
+            print(name, "with the last words", evaluate(rows, e, last_words.UNFINISHED_BELOW))
         if args.search:
-            for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
-                e = dataclasses.replace(EAGERNESS["auto"], finished_threshold=t)
-                print(f"auto, with the last words, finished_threshold {t}:", evaluate(rows, e, words=True))
+            print("auto with the last words, fastest first among those keeping --floor of the pauses:")
+            for r, below, e in search_words(rows, args.floor)[:10]:
+                print(r, f"unfinished below {below}, finished_threshold {e.finished_threshold}")
     print("separation of complete from cut: " + ", ".join(f"{ms} ms {separation(rows, ms):.2f}" for ms in (128, 256)))
     ended, questions, threshold = early_bound(rows, args.floor)
     print(f"at most {ended}/{questions} questions can end within 256 ms of silence while {args.floor:.0%} of the "

@@ -8,9 +8,10 @@ The input is what the model was trained on: Whisper log-mel features (80 bins) o
 zero-padded at the front, made by transformers' WhisperFeatureExtractor; the output is one sigmoid,
 P(the turn is complete).
 
-Beside it, what the turn ends with in words (last_words.py: Moonshine's transcript, once per pause): a turn that
-ends on a word no sentence ends with ("for", "the", "and") is never ended by the early verdicts, and one that
-ends on another word is ended by them at a lower P(complete) (`Eagerness.finished_threshold`).
+Beside it, what the turn ends with in words (last_words.py: Moonshine's transcript, once per pause, and a language
+model's P(a sentence ends there)): a turn whose words are unfinished ("a table for") is never ended by the early
+verdicts, and one whose words could end a sentence is ended by them at a lower P(complete)
+(`Eagerness.finished_threshold`).
 
 Scoring runs on a small thread pool (onnxruntime with one thread per decision), never on the event loop.
 """
@@ -86,8 +87,9 @@ class Decision:
 @dataclasses.dataclass(frozen=True)
 class Words:
     text: str  # what the turn's audio says, as far as the recogniser heard it
-    unfinished: bool  # it ends on a word no sentence ends with (last_words.unfinished)
-    cost_ms: float  # CPU time of the transcript on its thread
+    end_probability: float | None  # P(a sentence ends after it), None: no evidence (last_words.SentenceEnds)
+    unfinished: bool | None  # that P is below last_words.UNFINISHED_BELOW (None: no evidence)
+    cost_ms: float  # CPU time of the transcript and the language model on its thread
 
 
 class EndOfTurnScorer:
@@ -95,14 +97,15 @@ class EndOfTurnScorer:
     they run on, shared by every call."""
 
     def __init__(self, model: Callable[[np.ndarray], float],
-                 transcriber: Callable[[np.ndarray], str] | None = None) -> None:
+                 hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None) -> None:
+        """`hear`: a turn's audio -> (its words, P(a sentence ends there)), as last_words.LastWords."""
         self._model = model
-        self._transcriber = transcriber
+        self._hear = hear
         self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn")
 
     @property
     def hears_words(self) -> bool:
-        return self._transcriber is not None
+        return self._hear is not None
 
     def score_now(self, audio: np.ndarray) -> Decision:
         started = time.thread_time()
@@ -113,11 +116,12 @@ class EndOfTurnScorer:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.score_now, audio)
 
     def words_now(self, audio: np.ndarray) -> Words:
-        if self._transcriber is None:
+        if self._hear is None:
             raise RuntimeError("no recogniser of the last words is installed")
         started = time.thread_time()
-        text = self._transcriber(audio)
-        return Words(text, last_words.unfinished(text), round((time.thread_time() - started) * 1000, 2))
+        text, p = self._hear(audio)
+        return Words(text, None if p is None else round(p, 4), last_words.unfinished(p),
+                     round((time.thread_time() - started) * 1000, 2))
 
     async def words(self, audio: np.ndarray) -> Words:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)
@@ -128,7 +132,7 @@ _shared_lock = threading.Lock()
 
 @functools.cache
 def _load_shared() -> EndOfTurnScorer:
-    return EndOfTurnScorer(EndOfTurnModel(), last_words.shared_transcriber() if last_words.installed() else None)
+    return EndOfTurnScorer(EndOfTurnModel(), last_words.shared_last_words() if last_words.installed() else None)
 
 
 def shared_scorer() -> EndOfTurnScorer:

@@ -1,57 +1,55 @@
-"""What the caller's turn ends with, in words: Moonshine base (English speech recognition, MIT), for semantic_vad.
+"""What the caller's turn ends with, in words, for semantic_vad: Moonshine base's transcript (English speech
+recognition, MIT) and a trigram language model's P(a sentence ends after these words) (CMU Sphinx's en-us model).
 
 Smart Turn (end_of_turn.py) hears how a turn ends but not what was said, and on its own it cannot tell "What is
 the weather like in Paris today?" from "I would like to book a table for" when both stop with the same fall: in
 docs/TURN_TAKING.md it ends about half of the mid-sentence pauses within 200 ms and leaves a third of the
-finished questions waiting a second or more. A turn whose last word is a conjunction, an article, a preposition
-or an auxiliary is not over, whatever the voice does; one that ends on any other word usually is.
+finished questions waiting a second or more. A language model knows that a sentence rarely ends after "a table
+for" (P 0.016) and often after "Paris today" (0.34), and that "Where are you from" may end (0.24).
 
-The model files ship in the moonshine-cpp wheel (MIT, a dependency of the project for those files alone: its C++
-library is never loaded). They are in ONNX Runtime's ORT format with int8 weights that the graph turns into floats
-with a Cast and a Mul on every run, 41 M weights per decoder step: 32 ms a token on this project's 2-core CI
-machine. onnxruntime can load that file and save it as an ONNX model (the If node's two branches then need the
-names the ONNX format requires, set here with the `onnx` package); loaded as ONNX, the graph's constant folding
-turns the weights into floats once, at start-up, and a token takes 5-7 ms: a 2 s question is transcribed in
-55-90 ms on one thread. The vocabulary is the wheel's tokenizer.bin: each token's bytes after a one-byte length.
+Moonshine's model files ship in the moonshine-cpp wheel (MIT, a dependency of the project for those files alone:
+its C++ library is never loaded). They are in ONNX Runtime's ORT format with int8 weights that the graph turns
+into floats with a Cast and a Mul on every run, 41 M weights per decoder step: 32 ms a token on this project's
+2-core CI machine. onnxruntime can load that file and save it as an ONNX model (the If node's two branches then
+need the names the ONNX format requires, set here with the `onnx` package); loaded as ONNX, the graph's constant
+folding turns the weights into floats once, at start-up, and a token takes 5-7 ms: a 2 s question is transcribed
+in 55-90 ms on one thread. The vocabulary is the wheel's tokenizer.bin: each token's bytes after a one-byte length.
+
+The language model is the trigram model (en-us.lm.bin, 27 MB) that the pocketsphinx wheel (BSD-2) ships and reads;
+nothing else of pocketsphinx is used.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import re
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 RATE = 16_000
 MODEL_DIR = ("models", "base-en")  # inside the moonshine_cpp package
-INSTALL_HINT = "pip install moonshine-cpp==0.1.4 onnx (dependencies of rtc-agent: the wheel carries the model)"
+INSTALL_HINT = ("pip install moonshine-cpp==0.1.4 onnx pocketsphinx==5.1.1 (dependencies of rtc-agent: the wheels "
+                "carry the models)")
 LAYERS, KV_HEADS, HEAD_DIM = 8, 8, 52  # Moonshine base's decoder
 START, END = 1, 2  # token ids
 MAX_S = 8  # the turn's last 8 s, as the end-of-turn model
 TOKENS_PER_S = 8  # generous for speech (about 3 words a second); a bound against a decoder that never stops
 SPACE = "\u2581"  # the vocabulary's word boundary
 
-# Words after which an English sentence does not end: articles and possessive determiners, conjunctions, the
-# prepositions that are not also verb particles, the copula and contractions that need a complement, and
-# hesitations. Left out, because sentences end with them too: pronouns and demonstratives ("Can you do that?"),
-# auxiliaries ("Yes, I can."), question words ("Tell me when."), and the prepositions that are verb particles or
-# adverbs ("Turn it on.", "I've seen it before."). A stranded preposition ends some questions ("Where are you
-# from?"): such a question waits for the late verdicts, as it did before the words were heard.
-UNFINISHED_WORDS = frozenset("""
-a an the my your our their its every
-and or but nor because although unless whether whereas than if
-to of for with from at by into onto about between among during without within against toward towards upon via per
-near
-is are was were am be been being i'm we're you're they're he's she's it's there's let's
-um uh er erm uhm
-""".split())
+# Below this P(the sentence ends here | the last two words) a turn's words are unfinished (chosen on the tuning sets
+# with scripts/turn_tuning.py --search; docs/TURN_TAKING.md)
+UNFINISHED_BELOW = 0.08
+LOG_BASE = math.log(1.0001)  # pocketsphinx's log scale: its probabilities are log base 1.0001
+SENTENCE_END = "</s>"
 
 
 class LastWordsUnavailable(RuntimeError):
-    """The Moonshine model files (from the moonshine-cpp wheel) or the onnx package are not installed."""
+    """The Moonshine model files (from the moonshine-cpp wheel), onnx or pocketsphinx are not installed."""
 
 
 def model_dir() -> Path:
@@ -63,15 +61,32 @@ def model_dir() -> Path:
     raise LastWordsUnavailable(f"the last-words check needs the Moonshine model: {INSTALL_HINT}")
 
 
-def unfinished(text: str) -> bool:
-    """Whether a transcript ends where a sentence cannot: on a word of UNFINISHED_WORDS, a comma or a dash."""
-    text = text.strip()
-    if not text:
-        return False  # nothing recognised: no evidence either way
-    if text[-1] in ",;:-\u2014\u2013":
-        return True
-    words = re.findall(r"[a-z']+", text.lower())
-    return bool(words) and words[-1] in UNFINISHED_WORDS
+class SentenceEnds:
+    """P(an English sentence ends after `text`), from its last two words; None when there are no words or the last
+    one is not in the model's vocabulary (a name it does not know: no evidence). Thread-safe."""
+
+    def __init__(self) -> None:
+        import pocketsphinx
+
+        pocketsphinx.set_loglevel("ERROR")
+        path = Path(pocketsphinx.get_model_path()) / "en-us" / "en-us.lm.bin"
+        self._model = pocketsphinx.NGramModel(None, pocketsphinx.LogMath(), str(path))
+        self._unknown = self._model.prob(["qqxzunknownzxqq"])  # what a word the model does not know scores
+        self._lock = threading.Lock()  # (the C model keeps a history buffer)
+
+    def __call__(self, text: str) -> float | None:
+        words = re.findall(r"[a-z']+", text.lower().replace("-", ""))
+        if not words:
+            return None
+        with self._lock:
+            if self._model.prob([words[-1]]) == self._unknown:
+                return None
+            return math.exp(self._model.prob([SENTENCE_END, *reversed(words[-2:])]) * LOG_BASE)
+
+
+def unfinished(end_probability: float | None) -> bool | None:
+    """Whether words with this P(the sentence ends here) are unfinished (None: no evidence)."""
+    return None if end_probability is None else end_probability < UNFINISHED_BELOW
 
 
 class Transcriber:
@@ -128,7 +143,8 @@ def _vocabulary(path: Path) -> list[bytes]:
 
 
 def _as_onnx(path: Path) -> bytes:
-    """The ORT-format model at `path` as ONNX bytes (see the module's docstring for why)."""
+    """The ORT-format model at `path` as ONNX bytes, its int8 weights made floats once (see the module's
+    docstring for why)."""
     import onnx
     import onnxruntime as ort
 
@@ -138,28 +154,84 @@ def _as_onnx(path: Path) -> bytes:
         options.optimized_model_filepath = str(Path(folder) / "model.onnx")
         ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         model = onnx.load(options.optimized_model_filepath)
-
-    def name_branches(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    attribute.g.name = attribute.g.name or f"{node.name or node.op_type}_{attribute.name}"
-                    name_branches(attribute.g)
-
-    name_branches(model.graph)
+    _dequantize_weights(model.graph)
+    _name_branches(model.graph)
     return model.SerializeToString()
+
+
+def _dequantize_weights(graph: "onnx.GraphProto") -> None:
+    """Each weight stored as int8 and made a float by Cast -> Mul(scale) -> Add(offset) becomes that float
+    weight. onnxruntime's own constant folding would do it too, but it keeps the int8 and the float copies and
+    more: 560 MB for the decoder instead of 170."""
+    from onnx import numpy_helper
+
+    initializers = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    dropped_nodes, dropped_weights, weights = [], set(), []
+    for cast in graph.node:
+        if cast.op_type != "Cast" or cast.input[0] not in initializers:
+            continue
+        chain, value = [cast], numpy_helper.to_array(initializers[cast.input[0]]).astype(np.float32)
+        for op in ("Mul", "Add"):
+            users = consumers.get(chain[-1].output[0], [])
+            if len(users) != 1 or users[0].op_type != op:
+                break
+            other = [name for name in users[0].input if name != chain[-1].output[0]]
+            if len(other) != 1 or other[0] not in initializers:
+                break
+            operand = numpy_helper.to_array(initializers[other[0]]).astype(np.float32)
+            value = value * operand if op == "Mul" else value + operand
+            chain.append(users[0])
+        dropped_nodes += chain
+        dropped_weights.update(node.input[0] if i == 0 else next(n for n in node.input if n in initializers
+                                                                 and n != chain[i - 1].output[0])
+                               for i, node in enumerate(chain))
+        weights.append(numpy_helper.from_array(value, chain[-1].output[0]))
+    kept = [node for node in graph.node if node not in dropped_nodes]
+    del graph.node[:]
+    graph.node.extend(kept)
+    still_used = {name for node in kept for name in node.input}
+    kept_weights = [t for t in graph.initializer if t.name not in dropped_weights or t.name in still_used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept_weights + weights)
+
+
+def _name_branches(graph: "onnx.GraphProto") -> None:
+    """ONNX requires every graph to have a name; the saved If node's branches have none."""
+    import onnx
+
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                attribute.g.name = attribute.g.name or f"{node.name or node.op_type}_{attribute.name}"
+                _name_branches(attribute.g)
 
 
 _lock = threading.Lock()
 
 
+class LastWords:
+    """The recogniser and the language model together: a turn's audio -> (its words, P(a sentence ends there))."""
+
+    def __init__(self) -> None:
+        self.transcribe, self.sentence_ends = Transcriber(), SentenceEnds()
+
+    def __call__(self, audio: np.ndarray) -> tuple[str, float | None]:
+        text = self.transcribe(audio)
+        return text, self.sentence_ends(text)
+
+
 @functools.cache
-def _load_shared() -> Transcriber:
-    return Transcriber()
+def _load_shared() -> LastWords:
+    return LastWords()
 
 
-def shared_transcriber() -> Transcriber:
-    """The process's recogniser, loaded on first use (a second or two; call it off the event loop)."""
+def shared_last_words() -> LastWords:
+    """The process's recogniser and language model, loaded on first use (a second or two; call it off the event
+    loop)."""
     with _lock:
         return _load_shared()
 
@@ -168,6 +240,7 @@ def installed() -> bool:
     try:
         model_dir()
         import onnx  # noqa: F401
+        import pocketsphinx  # noqa: F401
     except (LastWordsUnavailable, ImportError):
         return False
     return True
