@@ -119,6 +119,9 @@ def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the
             eot = done["metrics"]["end_of_turn"]
             assert eot["type"] == "semantic_vad" and eot["eagerness"] == "auto" and eot["decisions"] >= 1
             assert 0 <= eot["probability"] <= 1 and 0 < eot["wait_ms"] <= 3000
+            # the last words heard, at the turn's real end: the whole sentence, which can end there
+            assert "surgeon" in eot["words"].lower() and eot["words_unfinished"] is False, eot
+            assert eot["words_cpu_ms"] > 0
             text = await metrics_text(url)
             assert metric(text, 'rtc_agent_end_of_turn_wait_ms_count{type="semantic_vad"}') == 1.0
 

@@ -45,6 +45,17 @@ def test_moonshine_hears_a_whole_question_and_a_sentence_cut_in_its_pause() -> N
     assert transcribe(np.zeros(RATE, np.float32)) in ("", ".")  # silence: no words made up
 
 
+def test_the_recogniser_runs_on_float_weights_made_once() -> None:
+    import onnx
+
+    from rtc_agent.media.last_words import _as_onnx, model_dir
+
+    graph = onnx.load_from_string(_as_onnx(model_dir() / "decoder_model_merged.ort")).graph
+    weights = {t.name: t for t in graph.initializer}
+    assert not [n for n in graph.node if n.op_type == "Cast" and n.input[0] in weights]  # no int8 -> float per run
+    assert not [t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+
+
 def test_unfinished_words_hold_the_early_verdicts_and_finished_ones_lower_their_threshold() -> None:
     auto = EAGERNESS["auto"]
     assert auto.finished_threshold is not None and auto.finished_threshold < auto.threshold

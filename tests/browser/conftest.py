@@ -51,27 +51,52 @@ def speech_wav(workdir: Path) -> Path:
     return make_speech_wav(workdir)
 
 
-@pytest.fixture(scope="session")
-def start_server(net: Any, artifacts: Path) -> Iterator[Callable[..., Server]]:
-    """Starts `rtc-agent serve` on a port of its own; every server is stopped at the end of the session."""
-    servers: list[Server] = []
+class Servers:
+    """Starts `rtc-agent serve` on a port of its own. The shared server lives for the session; one a test starts for
+    itself is stopped when that test ends (each is four processes of 0.8-1.3 GB: seven at once do not fit the
+    CI machine's memory)."""
 
-    def start(port: int, *extra: str) -> Server:
-        log = artifacts / "browser" / f"server-{port}.log"
+    def __init__(self, net: Any, artifacts: Path) -> None:
+        self.net, self.artifacts = net, artifacts
+        self.shared: Server | None = None
+        self.own: list[Server] = []
+
+    def __call__(self, port: int, *extra: str) -> Server:
+        log = self.artifacts / "browser" / f"server-{port}.log"
         log.unlink(missing_ok=True)
-        server = Server(net, port, log, *extra).start()
-        servers.append(server)
+        server = Server(self.net, port, log, *extra).start()
+        self.own.append(server)
         return server
 
-    yield start
-    for server in servers:
-        server.stop()
+    def stop_own(self) -> None:
+        while self.own:
+            self.own.pop().stop()
 
 
 @pytest.fixture(scope="session")
-def server(start_server: Callable[..., Server]) -> Server:
+def servers(net: Any, artifacts: Path) -> Iterator[Servers]:
+    started = Servers(net, artifacts)
+    yield started
+    started.stop_own()
+    if started.shared is not None:
+        started.shared.stop()
+
+
+@pytest.fixture
+def start_server(servers: Servers) -> Iterator[Callable[..., Server]]:
+    """Starts a server for this test (`start_server(port, *serve flags)`), stopped when the test ends."""
+    yield servers
+    servers.stop_own()
+
+
+@pytest.fixture(scope="session")
+def server(servers: Servers) -> Server:
     """The shared server (up to 4 calls)."""
-    return start_server(18080)
+    if servers.shared is None:
+        log = servers.artifacts / "browser" / "server-18080.log"
+        log.unlink(missing_ok=True)
+        servers.shared = Server(servers.net, 18080, log).start()
+    return servers.shared
 
 
 @pytest.fixture(scope="session")
