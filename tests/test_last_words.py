@@ -27,6 +27,7 @@ RATE = 16_000
     ("Can you tell me how to get to", True),
     ("", None),  # nothing heard: no evidence either way
     ("Qqxzunknownzxqq", None),  # a last word the model does not know: no evidence
+    ("Which team won the cup in 1998?", None),  # a number too (not "in", the word before it)
 ])
 def test_the_language_model_knows_where_sentences_end(text: str, expected: bool | None) -> None:
     assert unfinished(shared_last_words().sentence_ends(text)) is expected

@@ -75,7 +75,7 @@ class SentenceEnds:
         self._lock = threading.Lock()  # (the C model keeps a history buffer)
 
     def __call__(self, text: str) -> float | None:
-        words = re.findall(r"[a-z']+", text.lower().replace("-", ""))
+        words = re.findall(r"[a-z0-9']+", text.lower().replace("-", ""))  # a number is a word it does not know
         if not words:
             return None
         with self._lock:
