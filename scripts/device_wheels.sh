@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fills .whl/ with every wheel the server needs on a GPU machine that has no network (Python 3.12, x86_64,
-# manylinux, glibc >= 2.31), plus question.wav (a spoken question for the device scripts) and INSTALL.txt.
+# manylinux, glibc >= 2.31), plus question.wav and thanks.wav (speech for the device scripts) and INSTALL.txt.
 # That machine already has torch, torchaudio, numpy, aiohttp, onnxruntime, tokenizers, safetensors, prometheus-client,
 # attrs, httpx, click and the like (DEVICE_HAS below); what is carried is pinned here, one version of each package,
 # the versions that .venv (scripts/setup.sh) tests with. The project itself is not carried: the device runs it from
@@ -228,13 +228,17 @@ print(f"device_wheels: av {av.__version__} (stripped) encodes Opus and VP8")
 PY
 fi
 
-# A spoken question at 24 kHz (made once: espeak-ng's output does not change)
-if ! [ -s "$out/question.wav" ]; then
+# Speech at 24 kHz (made once: espeak-ng's output does not change): a question that semantic_vad's Smart Turn
+# doubts, and a sentence it ends at an early check (docs/PERFORMANCE.md, fifteenth session)
+speech() {
+    [ -s "$out/$1" ] && return
     tmpwav=$(mktemp --suffix=.wav)
-    espeak-ng -w "$tmpwav" "What is the weather like in Paris today?"
-    sox "$tmpwav" -r 24000 "$out/question.wav"
+    espeak-ng -w "$tmpwav" "$2"
+    sox "$tmpwav" -r 24000 "$out/$1"
     rm -f "$tmpwav"
-fi
+}
+speech question.wav "What is the weather like in Paris today?"
+speech thanks.wav "Thank you very much."
 
 cat > "$out/INSTALL.txt" <<'EOF'
 Wheels for the GPU machine (Python 3.12, no network), made by scripts/device_wheels.sh. From the repo root:
