@@ -71,6 +71,7 @@ class Settings:
     request_timeout_s: float = 15.0  # a request's headers, and its body, must arrive within this; idle keep-alive
     max_connections: int = 512  # open HTTP connections; more are closed as they are accepted
     media_processes: int = -1  # processes for the calls' media beside the engine's; 0: one process; -1: auto
+    last_words: bool = False  # semantic_vad also hears the turn's last words (README: Turn-taking; off: why there)
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
     # not a setting: build_settings says here why turn.turn_detection is server_vad when none was asked for (the
@@ -169,6 +170,11 @@ def validate(s: Settings) -> None:
         raise ValueError(f"voice must be one of {', '.join(VOICES)}")
     if bool(s.cert) != bool(s.key):
         raise ValueError("--cert and --key go together")
+    if s.last_words:
+        from .media import last_words
+
+        if not last_words.installed():
+            raise ValueError(f"--last-words needs its models: {last_words.INSTALL_HINT}")
     if not 0.08 <= s.max_answer_s <= 600:
         raise ValueError("max_answer_s must be between 0.08 and 600")
     if s.max_sessions < 0:
@@ -293,6 +299,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes that run the calls' media (WebRTC, Opus, VAD, turn-taking), beside one for the "
                         "engine and the front on the port; 0: everything in one process; -1 (default): 0 on a CPU, "
                         "else one per core left, at most 8 (README: Processes)")
+    p.add_argument("--last-words", action="store_true", default=None,
+                   help="semantic_vad also transcribes each pause's last words and asks a language model whether a "
+                        "sentence can end there (pip install 'rtc-agent[last-words]'; off by default: README, "
+                        "Turn-taking)")
     p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 

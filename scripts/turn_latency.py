@@ -88,9 +88,13 @@ async def speak(call: Call, mic: Microphone, sentence: Sentence) -> dict[str, An
         "cut_in": cut_in, "answered_after_end": final_commit is not None,
         "server_ttfp_ms": (final or {}).get("metrics", {}).get("ttfp_ms"),
         "checked_at_ms": eot.get("checked_at_ms"), "verdict_ms": eot.get("verdict_ms"),
+        "words": eot.get("words"), "words_end_probability": eot.get("words_end_probability"),
+        "words_cpu_ms": eot.get("words_cpu_ms"),
     }
-    if cut_in and dones:  # what the model said when it ended the turn inside the pause
-        row["cut_probability"] = dones[0]["metrics"]["end_of_turn"].get("probability")
+    if cut_in and dones:  # what the model (and the last words) said when it ended the turn inside the pause
+        cut = dones[0]["metrics"]["end_of_turn"]
+        row.update(cut_probability=cut.get("probability"), cut_words=cut.get("words"),
+                   cut_words_end_probability=cut.get("words_end_probability"))
     await asyncio.sleep(GAP_AFTER_S)
     return row
 

@@ -100,7 +100,7 @@ def test_turn_detection_from_flags_environment_and_file(tmp_path: Path) -> None:
 
 def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the_answer() -> None:
     async def main() -> None:
-        async with server(turn_detection="semantic_vad", max_answer_s=8.0) as (url, _), \
+        async with server(turn_detection="semantic_vad", max_answer_s=8.0, last_words=True) as (url, _), \
                 caller(url) as (call, mic):
             created = (await call.next_event("session.created", timeout_s=10))["session"]
             assert created["turn_detection"]["type"] == "semantic_vad"

@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from rtc_agent.config import build_settings
 from rtc_agent.media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
 from rtc_agent.media.last_words import shared_last_words, unfinished
 
@@ -44,6 +45,14 @@ def test_moonshine_hears_a_whole_question_and_a_sentence_cut_in_its_pause() -> N
     assert "table for" in cut.lower() and unfinished(hear(cut)), cut
     assert "weather" in whole.lower() and "paris" in whole.lower() and unfinished(hear(whole)) is False, whole
     assert transcribe(np.zeros(RATE, np.float32)) in ("", ".")  # silence: no words made up
+
+
+def test_the_last_words_are_heard_only_where_the_server_asks_for_them() -> None:
+    from rtc_agent.media.end_of_turn import shared_scorer
+
+    assert not shared_scorer().hears_words and shared_scorer(words=True).hears_words
+    assert build_settings({}, env={}).last_words is False
+    assert build_settings({}, env={"RTC_AGENT_LAST_WORDS": "1"}).last_words is True
 
 
 def test_the_recogniser_runs_on_float_weights_made_once() -> None:

@@ -8,8 +8,9 @@ The input is what the model was trained on: Whisper log-mel features (80 bins) o
 zero-padded at the front, made by transformers' WhisperFeatureExtractor; the output is one sigmoid,
 P(the turn is complete).
 
-Beside it, what the turn ends with in words (last_words.py: Moonshine's transcript, once per pause, and a language
-model's P(a sentence ends there)): a turn whose words are unfinished ("a table for") is never ended by the early
+Beside it, with the server's --last-words (off by default: docs/TURN_TAKING.md, fifteenth session, says why),
+what the turn ends with in words (last_words.py: Moonshine's transcript, once per pause, and a language model's
+P(a sentence ends there)): a turn whose words are unfinished ("a table for") is never ended by the early
 verdicts, and one whose words could end a sentence is ended by them at a lower P(complete)
 (`Eagerness.finished_threshold`).
 
@@ -131,14 +132,17 @@ _shared_lock = threading.Lock()
 
 
 @functools.cache
-def _load_shared() -> EndOfTurnScorer:
-    return EndOfTurnScorer(EndOfTurnModel(), last_words.shared_last_words() if last_words.installed() else None)
+def _load_shared(words: bool) -> EndOfTurnScorer:
+    return EndOfTurnScorer(EndOfTurnModel(), last_words.shared_last_words() if words else None)
 
 
-def shared_scorer() -> EndOfTurnScorer:
-    """The process-wide scorer, loaded on first use (a second or so; call it off the event loop)."""
+def shared_scorer(words: bool = False) -> EndOfTurnScorer:
+    """The process-wide scorer, loaded on first use (a second or so; call it off the event loop). `words`: with
+    the last-words check (the server's --last-words; its models must be installed: LastWordsUnavailable)."""
+    if words and not last_words.installed():
+        raise last_words.LastWordsUnavailable(f"--last-words needs its models: {last_words.INSTALL_HINT}")
     with _shared_lock:
-        return _load_shared()
+        return _load_shared(words)
 
 
 def model_installed() -> bool:
@@ -149,9 +153,9 @@ def model_installed() -> bool:
     return True
 
 
-def installed_scorer() -> EndOfTurnScorer | None:
+def installed_scorer(words: bool = False) -> EndOfTurnScorer | None:
     """The shared scorer, or None where the model is not installed (then only server_vad is offered)."""
-    return shared_scorer() if model_installed() else None
+    return shared_scorer(words) if model_installed() else None
 
 
 @dataclasses.dataclass(frozen=True)

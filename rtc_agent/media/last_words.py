@@ -33,8 +33,8 @@ import numpy as np
 
 RATE = 16_000
 MODEL_DIR = ("models", "base-en")  # inside the moonshine_cpp package
-INSTALL_HINT = ("pip install moonshine-cpp==0.1.4 onnx pocketsphinx==5.1.1 (dependencies of rtc-agent: the wheels "
-                "carry the models)")
+INSTALL_HINT = ("pip install 'rtc-agent[last-words]' (moonshine-cpp, onnx and pocketsphinx: their wheels carry "
+                "the models)")
 LAYERS, KV_HEADS, HEAD_DIM = 8, 8, 52  # Moonshine base's decoder
 START, END = 1, 2  # token ids
 MAX_S = 8  # the turn's last 8 s, as the end-of-turn model

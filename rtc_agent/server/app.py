@@ -87,7 +87,8 @@ async def _load_engine(state: ServerState) -> None:
         # the server's turn detection (EndOfTurnUnavailable says how to install it).
         if s.turn_detection_note:
             log.warning("%s", s.turn_detection_note)
-        await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)
+        await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer,
+                                s.last_words)
         loading = state.engine is None
         if loading:
             state.engine = await asyncio.to_thread(load_engine, s)

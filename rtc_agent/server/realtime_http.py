@@ -250,7 +250,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
         engine_session = await new_engine_session(state, s.voice, s.instructions)
         vad = await state.vads.acquire()
         try:
-            end_of_turn = await asyncio.to_thread(installed_scorer)
+            end_of_turn = await asyncio.to_thread(installed_scorer, s.last_words)
             ws = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
             await ws.prepare(request)
         except BaseException:  # (the client went away during the upgrade)

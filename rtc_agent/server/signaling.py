@@ -135,7 +135,7 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
     engine_session = await new_engine_session(state, voice, instructions)
     vad = await state.vads.acquire()
-    end_of_turn = await asyncio.to_thread(installed_scorer)
+    end_of_turn = await asyncio.to_thread(installed_scorer, settings.last_words)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
