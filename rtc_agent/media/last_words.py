@@ -7,13 +7,15 @@ docs/TURN_TAKING.md it ends about half of the mid-sentence pauses within 200 ms 
 finished questions waiting a second or more. A language model knows that a sentence rarely ends after "a table
 for" (P 0.016) and often after "Paris today" (0.34), and that "Where are you from" may end (0.24).
 
-Moonshine's model files ship in the moonshine-cpp wheel (MIT, a dependency of the project for those files alone:
-its C++ library is never loaded). They are in ONNX Runtime's ORT format with int8 weights that the graph turns
-into floats with a Cast and a Mul on every run, 41 M weights per decoder step: 32 ms a token on this project's
-2-core CI machine. onnxruntime can load that file and save it as an ONNX model (the If node's two branches then
-need the names the ONNX format requires, set here with the `onnx` package); loaded as ONNX, the graph's constant
-folding turns the weights into floats once, at start-up, and a token takes 5-7 ms: a 2 s question is transcribed
-in 55-90 ms on one thread. The vocabulary is the wheel's tokenizer.bin: each token's bytes after a one-byte length.
+Moonshine's model files ship in the moonshine-cpp wheel (MIT; the `last-words` extra installs it for those files
+alone: its C++ library is never loaded). They are in ONNX Runtime's ORT format with int8 weights that the graph
+turns into floats with a Cast, a Mul and an Add on every run, 41 M weights per decoder step: 32 ms a token on this
+project's 2-core CI machine. onnxruntime can load that file and save it as an ONNX model; here (with the `onnx`
+package) the weights are then made floats once and the If node's two branches get the names the ONNX format
+requires, and a token takes 5-7 ms: a 2 s question is transcribed in 55-100 ms on one thread, for about 650 MB of
+memory. The vocabulary is the wheel's tokenizer.bin: each token's bytes after a one-byte length.
+
+Off by default (the server's --last-words): docs/TURN_TAKING.md, fifteenth session, says why.
 
 The language model is the trigram model (en-us.lm.bin, 27 MB) that the pocketsphinx wheel (BSD-2) ships and reads;
 nothing else of pocketsphinx is used.
