@@ -468,9 +468,11 @@ class Conversation:
                        eagerness=self.turn.eagerness, decisions=len(semantic.decisions),
                        decision_cpu_ms=[d.cost_ms for d in semantic.decisions],
                        checked_at_ms=semantic.checked_at_ms, verdict_ms=semantic.verdict_ms)
-            if semantic.words is not None:  # the last words, where a recogniser heard them
-                out.update(words=semantic.words.text, words_end_probability=semantic.words.end_probability,
-                           words_unfinished=semantic.words.unfinished, words_cpu_ms=semantic.words.cost_ms)
+            words = semantic.words
+            if words is not None:  # the last words, where a recogniser heard them
+                p = words.end_probability
+                out.update(words=words.text, words_end_probability=None if p is None else round(p, 4),
+                           words_unfinished=words.unfinished, words_cpu_ms=words.cost_ms)
             semantic.stop()
         return out
 

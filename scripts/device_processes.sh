@@ -37,9 +37,9 @@ serve() {
     echo "$(date +%T) ready"; grep -E "slots|media processes|serving on" "$out/serve-$part.log" | head -5
 }
 loadtest() {
-    local name=$1; shift
+    local name=$1 speech=$2; shift 2
     echo "$(date +%T) $name"
-    timeout 200 python3 -m rtc_agent.cli loadtest "$url" --wav "$wav" --retry-s 60 --ice-host-address 127.0.0.1 \
+    timeout 200 python3 -m rtc_agent.cli loadtest "$url" --wav "$speech" --retry-s 60 --ice-host-address 127.0.0.1 \
         --json "$@" > "$out/$name.json" 2> "$out/$name.err"
     summary "$out/$name.json"
 }
@@ -50,12 +50,12 @@ if [ "$part" = 1 ]; then
     for load in ${CALLERS:-1 8 16 24}; do  # a load may repeat ("24 24 24"): each has its own file
         n=${load%%:*}; w=$([ "$load" = "$n" ] && echo "$wav" || echo "${load#*:}")  # N or N:other.wav
         i=$((i + 1))
-        loadtest "loadtest-$i-$n" --callers "$n" --wav "$w" $([ "$n" = 1 ] && echo --turns 3)  # (the last --wav counts)
+        loadtest "loadtest-$i-$n" "$w" --callers "$n" $([ "$n" = 1 ] && echo --turns 3)
     done
 fi
 if [ "$part" = 1 ] && [ "${KILL:-1}" = 1 ]; then
     # 8 at once; once all 8 are in, SIGKILL the media process with the most calls
-    loadtest loadtest-8-kill --callers 8 &
+    loadtest loadtest-8-kill "$wav" --callers 8 &
     tester=$!
     for _ in $(seq 1 120); do
         python3 -c "import json, sys, urllib.request; sys.exit(json.load(urllib.request.urlopen('$url/readyz'))['active'] < 8)" \
@@ -79,9 +79,9 @@ PY
 fi
 if [ "$part" = 2 ]; then
     serve --turn-detection server_vad --max-sessions 32
-    loadtest loadtest-8-server-vad --callers 8
-    loadtest loadtest-8-server-vad-2 --callers 8
-    loadtest loadtest-32-server-vad --callers 32
+    loadtest loadtest-8-server-vad "$wav" --callers 8
+    loadtest loadtest-8-server-vad-2 "$wav" --callers 8
+    loadtest loadtest-32-server-vad "$wav" --callers 32
 fi
 kill -INT "$server"; wait "$server"
 grep -E "ERROR|Traceback" "$out/serve-$part.log" | head -20

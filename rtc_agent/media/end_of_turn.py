@@ -89,8 +89,12 @@ class Decision:
 class Words:
     text: str  # what the turn's audio says, as far as the recogniser heard it
     end_probability: float | None  # P(a sentence ends after it), None: no evidence (last_words.SentenceEnds)
-    unfinished: bool | None  # that P is below last_words.UNFINISHED_BELOW (None: no evidence)
     cost_ms: float  # CPU time of the transcript and the language model on its thread
+
+    @property
+    def unfinished(self) -> bool | None:
+        """The P is below last_words.UNFINISHED_BELOW (None: no evidence)."""
+        return last_words.unfinished(self.end_probability)
 
 
 class EndOfTurnScorer:
@@ -121,8 +125,7 @@ class EndOfTurnScorer:
             raise RuntimeError("no recogniser of the last words is installed")
         started = time.thread_time()
         text, p = self._hear(audio)
-        return Words(text, None if p is None else round(p, 4), last_words.unfinished(p),
-                     round((time.thread_time() - started) * 1000, 2))
+        return Words(text, p, round((time.thread_time() - started) * 1000, 2))
 
     async def words(self, audio: np.ndarray) -> Words:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)

@@ -172,27 +172,28 @@ def _dequantize_weights(graph: "onnx.GraphProto") -> None:
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    dropped_nodes, dropped_weights, weights = [], set(), []
+    dropped_nodes, dropped_weights, weights = set(), set(), []
     for cast in graph.node:
         if cast.op_type != "Cast" or cast.input[0] not in initializers:
             continue
-        chain, value = [cast], numpy_helper.to_array(initializers[cast.input[0]]).astype(np.float32)
+        last, used = cast, [cast.input[0]]
+        value = numpy_helper.to_array(initializers[cast.input[0]]).astype(np.float32)
         for op in ("Mul", "Add"):
-            users = consumers.get(chain[-1].output[0], [])
+            users = consumers.get(last.output[0], [])
             if len(users) != 1 or users[0].op_type != op:
                 break
-            other = [name for name in users[0].input if name != chain[-1].output[0]]
+            other = [name for name in users[0].input if name != last.output[0]]
             if len(other) != 1 or other[0] not in initializers:
                 break
             operand = numpy_helper.to_array(initializers[other[0]]).astype(np.float32)
             value = value * operand if op == "Mul" else value + operand
-            chain.append(users[0])
-        dropped_nodes += chain
-        dropped_weights.update(node.input[0] if i == 0 else next(n for n in node.input if n in initializers
-                                                                 and n != chain[i - 1].output[0])
-                               for i, node in enumerate(chain))
-        weights.append(numpy_helper.from_array(value, chain[-1].output[0]))
-    kept = [node for node in graph.node if node not in dropped_nodes]
+            dropped_nodes.add(id(last))
+            last = users[0]
+            used.append(other[0])
+        dropped_nodes.add(id(last))
+        dropped_weights.update(used)
+        weights.append(numpy_helper.from_array(value, last.output[0]))
+    kept = [node for node in graph.node if id(node) not in dropped_nodes]
     del graph.node[:]
     graph.node.extend(kept)
     still_used = {name for node in kept for name in node.input}
