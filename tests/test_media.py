@@ -16,7 +16,8 @@ from rtc_agent.client.camera import SyntheticCamera
 from rtc_agent.config import TurnSettings, build_settings, settings_from_args
 from rtc_agent.media.ice import parse_ice_server
 from rtc_agent.media.inbound import Chunker, Downmixer, InOrderAudioBuffer
-from rtc_agent.media.outbound import AWAIT_STEP, FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder, OutboundAudioTrack
+from rtc_agent.media.outbound import (AWAIT_STEP, FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder, OutboundAudioTrack,
+                                      Playout)
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, SpeechProbability, TurnDetector
 from rtc_agent.media.video import FrameGrid, model_size, sample_video
 from rtc_agent.server.protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, parse_client_message,
@@ -158,6 +159,26 @@ def test_outbound_track_paces_packets_plays_answers_and_drops_them_on_interrupt(
         assert (await track.recv()).pts == idle.pts + 2 * IDLE_STEP
         written.finish()
         track.stop()
+
+    run(main())
+
+
+def test_an_answers_first_frame_is_awaited_within_its_slot() -> None:
+    """A slot while a spoken answer's first frame is on its way waits for it (the frame goes out the moment it is
+    ready, with that slot's timestamp); mid-answer and written answers keep their own rules."""
+    async def main() -> None:
+        tone = np.full(FRAME_SAMPLES, 0.2, np.float32)
+        playout = Playout()
+        asyncio.get_running_loop().call_later(0.005, playout.push, tone)
+        await playout.wait_for_frame(5.0)
+        assert playout.queued == 1  # it waited for the frame, not for its timeout
+        nothing = Playout()
+        await nothing.wait_for_frame(0.001)  # none comes: back after the timeout, nothing queued
+        assert nothing.queued == 0
+        written = Playout(speech=False)
+        asyncio.get_running_loop().call_later(0.005, written.finish)
+        await written.wait_for_frame(5.0)  # a written answer has no frame to wait for: back at once
+        assert not written.done.is_set()
 
     run(main())
 

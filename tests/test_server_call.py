@@ -57,13 +57,14 @@ def test_one_turn_gets_a_spoken_answer_in_80ms_packets_with_events_in_order() ->
             assert "ttfp_ms" in m["engine"]
 
             # answer audio is one 80 ms frame per packet (RTP step 3840), 20 ms silence packets between
-            # answers, 10 ms ones (480) while the answer's first frame is on its way; timestamps run on without a
-            # jump, and answers are paced at 12.5 packets/s
+            # answers, 10 ms ones (480) while the answer's first frame is on its way (none if it came within the
+            # first such slot); timestamps run on without a jump, and answers are paced at 12.5 packets/s
             pts, decoded = call.audio.pts, call.audio.decoded
             assert np.diff(pts).tolist() == decoded[:-1]
-            assert set(decoded) == {480, 960, 3840}
+            assert {960, 3840} <= set(decoded) <= {480, 960, 3840}
             first_long = decoded.index(3840)
-            assert decoded[first_long - 1] == 480  # the answer came right after the short packets
+            short = [i for i, d in enumerate(decoded) if d == 480]
+            assert short == list(range(first_long - len(short), first_long))  # right before the answer, only
             times, _, samples = answer_packets(call, spoken_at)
             long = [t for t, d in zip(call.audio.times, decoded) if t >= spoken_at and d == 3840]
             assert len(long) >= m["frames_sent"] + 1  # the answer (zeros fill gaps), then the encoder's flush

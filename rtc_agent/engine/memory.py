@@ -45,24 +45,37 @@ def cap_process_memory(device: torch.device, fraction: float) -> None:
                  fraction * total / 1e9)
 
 
+def _allocator_bytes(device: torch.device) -> tuple[int, int, int]:
+    """(allocated, reserved, peak allocated) bytes of PyTorch's allocator, from one read of its counters.
+
+    Not `torch.cuda.memory_allocated` and its siblings: each of them flattens every counter of the allocator into
+    a sorted dict in Python (`memory_stats`), a few milliseconds holding the GIL. The engine's status is read twice
+    a second by every media process, and those milliseconds held the engine's worker thread back: in a burst of
+    24 turn ends they were half of the engine process's event-loop time, and answer preparations waited 2-10 ms
+    each for the GIL."""
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+    allocated = stats.get("allocated_bytes", {}).get("all", {})
+    reserved = stats.get("reserved_bytes", {}).get("all", {})
+    return allocated.get("current", 0), reserved.get("current", 0), allocated.get("peak", 0)
+
+
 def read_memory(device: torch.device) -> MemoryUse | None:
     """What is in use on `device` now; None on a CPU (no GPU memory to guard). Conservative under a cap: memory
     used outside PyTorch (the CUDA context, other processes) is charged to this process's share."""
     if device.type != "cuda":
         return None
     free, device_total = torch.cuda.mem_get_info(device)
-    reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+    allocated, reserved, peak = _allocator_bytes(device)
     outside = max(0, device_total - free - reserved)  # the CUDA context, other processes
     cap = int(device_total * torch.cuda.get_per_process_memory_fraction(_index(device)))
-    return MemoryUse(used_bytes=allocated + outside, total_bytes=cap,
-                     peak_bytes=torch.cuda.max_memory_allocated(device))
+    return MemoryUse(used_bytes=allocated + outside, total_bytes=cap, peak_bytes=peak)
 
 
 def free_bytes(device: torch.device) -> tuple[int, int]:
     """(free, total) for this process on a GPU: what it may still allocate under its cap, and the cap."""
     free, device_total = torch.cuda.mem_get_info(device)
     cap = int(device_total * torch.cuda.get_per_process_memory_fraction(_index(device)))
-    return min(free, cap - torch.cuda.memory_reserved(device)), cap
+    return min(free, cap - _allocator_bytes(device)[1]), cap
 
 
 def release_cached(device: torch.device) -> None:

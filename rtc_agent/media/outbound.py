@@ -8,9 +8,11 @@ nothing is resampled; the RTP clock is 48 kHz as Opus requires: the timestamp st
 Between answers the stream goes on with 20 ms silence packets (one pre-encoded packet, sent again and again):
 the receiver's clock never stops, so nothing bursts when speech resumes, and an answer's first packet waits
 at most 20 ms for its slot instead of up to 80. From the turn's end until the answer's first frame is ready the
-silence packets are 10 ms, so that wait is at most 10 ms (5 on average; the receiver plays each packet at its
-timestamp, so only a nearer slot, not an early send, makes the answer heard sooner); the higher packet rate lasts
-only as long as the engine takes to its first frame. Once an answer's audio has been sent (or cut), one more 80 ms
+silence packets are 10 ms, and each one's slot waits up to its 10 ms for that frame: the first frame goes out the
+moment it is ready, stamped with the slot it fell in, so the caller's wait has no slot in it at all. (The receiver
+plays a packet at its timestamp, so an early send with a later timestamp would gain nothing; a packet up to 10 ms
+behind its timestamp is jitter its buffer absorbs, as for a late frame mid-answer below.) The higher packet rate
+lasts only as long as the engine takes to its first frame. Once an answer's audio has been sent (or cut), one more 80 ms
 packet of zeros flushes the encoder's look-ahead, so the answer's last milliseconds are heard and the next
 answer starts from silence.
 
@@ -37,6 +39,7 @@ RTP_RATE = 48_000
 PACKET_STEP = 3840  # 80 ms at 48 kHz
 IDLE_STEP = 960  # 20 ms at 48 kHz: a silence packet between answers
 AWAIT_STEP = 480  # 10 ms at 48 kHz: a silence packet while an answer's first frame is on its way
+AWAIT_S = AWAIT_STEP / RTP_RATE  # how long such a slot waits for the first frame before its silence goes out
 PACKET_S = FRAME_SAMPLES / SAMPLE_RATE
 RTP_TIME_BASE = fractions.Fraction(1, RTP_RATE)
 MAX_LAG_S = 0.25  # further behind than this (the event loop stalled): restart the clock instead of bursting
@@ -97,9 +100,10 @@ class Playout:
         return self.speech and self.first_packet_at is None and not self._finished
 
     async def wait_for_frame(self, timeout_s: float) -> None:
-        """Mid-answer with no frame queued: wait up to `timeout_s` for the next frame (or the answer's end)."""
+        """With no frame queued while one is to come (mid-answer, or a spoken answer's first): wait up to
+        `timeout_s` for it (or the answer's end)."""
         deadline = time.monotonic() + timeout_s
-        while self.first_packet_at is not None and not self._frames and not self._finished:
+        while (self.first_packet_at is not None or self.speech) and not self._frames and not self._finished:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -224,7 +228,7 @@ class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
         elif now - due > MAX_LAG_S:  # the loop stalled: carry on from now rather than catch up in a burst
             self._start = now - self._pts / RTP_RATE
         if self._playout is not None:
-            await self._playout.wait_for_frame(LATE_GRACE_S)
+            await self._playout.wait_for_frame(AWAIT_S if self._playout.awaiting_first_frame else LATE_GRACE_S)
         frame = self._take()
         if frame is not None:
             packet, step = self._encoder.encode(frame), PACKET_STEP
