@@ -7,7 +7,8 @@ answer's preparation and start waited, and the worker's rounds and steps around 
 
 Times are ms; `wait` is from the job's submission to its start, `run` from its start to its end (rounds and steps
 of other work in between included). A round lists its sessions' requests (AudioRequest, PrefillRequest,
-TalkerPrefillRequest); a step, how many answers it advanced and the smallest lead among them before it.
+TalkerPrefillRequest); a step, how many answers it advanced and the smallest lead among them before it; on a GPU
+both say how long the GPU took for them (a round's own time is only the time to queue its work).
 """
 from __future__ import annotations
 
@@ -54,15 +55,17 @@ def main() -> None:
         return
     starts = [e["t"] for e in events if e["e"] == "submit" and e["name"] == "start"]
     t0 = starts[args.around - 1]
+    gpu = {e["n"]: e["ms"] for e in events if e["e"] == "gpu"}  # GPU time of each round and step, on a GPU
     for e in events:
         if abs(e["t"] - t0) > args.ms:
             continue
         at = f"{e['t'] - t0:8.1f}"
+        on_gpu = f"  (GPU {gpu[e['n']]:.1f} ms)" if e.get("n") in gpu else ""
         if e["e"] == "round":
             kinds = ",".join(sorted({k.replace("Request", "") for k in e["kinds"]}))
-            print(at, f"round {e['ms']:6.1f} ms  {len(e['keys'])} sessions  {kinds}")
+            print(at, f"round {e['ms']:6.1f} ms  {len(e['keys'])} sessions  {kinds}{on_gpu}")
         elif e["e"] == "step":
-            print(at, f"step  {e['ms']:6.1f} ms  {e['answers']} answers, least lead {e['lead_ms']} ms")
+            print(at, f"step  {e['ms']:6.1f} ms  {e['answers']} answers, least lead {e['lead_ms']} ms{on_gpu}")
         elif e["e"] in ("submit", "start") and (e["name"] in WATCHED or e["p"] == 0):
             print(at, f"{e['e']:<6} {e['name']} (session {e['key']}{', urgent' if e['p'] == 0 else ''})")
 

@@ -70,12 +70,19 @@ class _Waiting:
 
 class _Trace:
     """RTC_AGENT_WORKER_TRACE=path: one JSON line per scheduling event, `t` in ms of time.perf_counter(). The file
-    is opened at the first event, so that only a process with an engine writes one."""
+    is opened at the first event, so that only a process with an engine writes one.
+
+    On a GPU each round and step also gets a `gpu` line once the GPU has done it: `ms` from its first to its last
+    kernel on the worker's stream (CUDA events, read without waiting), `n` the number of its `round` or `step`
+    line. A round's own `ms` is only the time to queue its work; the gap to the next round is the sessions' host
+    work and what it waits for on the GPU, which this tells apart."""
 
     def __init__(self) -> None:
         self._path = os.environ.get("RTC_AGENT_WORKER_TRACE")
         self.on = bool(self._path)
         self._file: Any = None
+        self._count = itertools.count(1)
+        self._timed: list[tuple[int, Any, Any]] = []  # (n, start event, end event) not yet done on the GPU
 
     def __call__(self, **record: Any) -> None:
         if self.on:
@@ -83,6 +90,30 @@ class _Trace:
                 self._file = open(f"{self._path}.{os.getpid()}", "w", buffering=1)
             record["t"] = round(time.perf_counter() * 1000, 2)
             self._file.write(json.dumps(record) + "\n")
+            self._gpu_done()
+
+    def gpu_start(self) -> Any:
+        """An event on the current stream before a round's or step's work (None off the GPU)."""
+        if not (self.on and torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def timed(self, start: Any, **record: Any) -> None:
+        """Write `record` (a round or a step, numbered `n`), and its `gpu` line once the GPU is past its work."""
+        record["n"] = n = next(self._count)
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._timed.append((n, start, end))
+        self(**record)
+
+    def _gpu_done(self) -> None:
+        while self._timed and self._timed[0][2].query():
+            n, start, end = self._timed.pop(0)
+            self._file.write(json.dumps({"e": "gpu", "n": n, "ms": round(start.elapsed_time(end), 2),
+                                         "t": round(time.perf_counter() * 1000, 2)}) + "\n")
 
 
 TRACE = _Trace()
@@ -200,10 +231,12 @@ class Worker:
     def _step_answers(self) -> None:
         started = time.perf_counter()
         lead = min((a.lead_s(started) for a in self._answers), default=None) if TRACE.on else None
+        gpu = TRACE.gpu_start()
         self._advance()
         if TRACE.on:
-            TRACE(e="step", ms=round((time.perf_counter() - started) * 1000, 2), answers=len(self._answers),
-                  lead_ms=None if lead is None else round(lead * 1000, 1), slice_ms=round(self._slice_spent * 1000, 1))
+            TRACE.timed(gpu, e="step", ms=round((time.perf_counter() - started) * 1000, 2), answers=len(self._answers),
+                        lead_ms=None if lead is None else round(lead * 1000, 1),
+                        slice_ms=round(self._slice_spent * 1000, 1))
         self._slice_spent = 0.0
         self._mark = time.perf_counter()
 
@@ -263,10 +296,12 @@ class Worker:
         waiting.clear()
         started = time.perf_counter()
         try:
+            gpu = TRACE.gpu_start()
             results = self._run_requests([entry.request for entry in entries])
-            TRACE(e="round", ms=round((time.perf_counter() - started) * 1000, 2),
-                  keys=[entry.job.key for entry in entries], p=[entry.job.priority for entry in entries],
-                  kinds=[type(entry.request).__name__ for entry in entries])
+            if TRACE.on:
+                TRACE.timed(gpu, e="round", ms=round((time.perf_counter() - started) * 1000, 2),
+                            keys=[entry.job.key for entry in entries], p=[entry.job.priority for entry in entries],
+                            kinds=[type(entry.request).__name__ for entry in entries])
         except Exception as exc:  # noqa: BLE001  (each job's own handler sees the error)
             for entry in entries:
                 self._resume(entry.job, entry.work, None, waiting, error=exc)
