@@ -7,6 +7,7 @@ import numpy as np
 
 from engine_helpers import caller_audio, engine_for, one_turn, run
 from rtc_agent.engine import SessionOptions
+from rtc_agent.engine.talker import TalkerRow
 
 OPTIONS = SessionOptions(seed=7, max_answer_tokens=6, max_frames=8)
 
@@ -73,3 +74,22 @@ def test_a_call_that_ends_with_an_answer_prepared_gives_its_slot_back():
     assert engine.pool.free == free - 1
     run(session.close())
     assert engine.pool.free == free
+
+
+def test_the_turns_end_and_the_answers_prefix_are_one_talker_prefill(monkeypatch):
+    """The last piece of the caller's turn and the answer's assistant prefix go to the Talker as one prefill (a
+    turn end then costs the worker one round fewer); the answers are those of two prefills, prepared or not."""
+    said, next_turn = caller_audio(1.3, seed=4), caller_audio(1.2, seed=5)
+    joins = []
+    joins_alone = TalkerRow._joins
+
+    def recorded(self, *args):
+        joins.append(joins_alone(self, *args))
+        return joins[-1]
+
+    monkeypatch.setattr(TalkerRow, "_joins", recorded)
+    joined = _run_turns([said, "prepare", "respond", next_turn, "respond"])
+    assert joins == [True, True]
+    monkeypatch.setattr(TalkerRow, "_joins", lambda self, *args: False)
+    apart = _run_turns([said, "prepare", "respond", next_turn, "respond"])
+    assert [_answer(a) for a in joined] == [_answer(a) for a in apart]

@@ -24,7 +24,7 @@ from .options import SessionOptions
 from .sampling import choose
 from .slots import PrefillRequest, Slot
 from .stack import explicit_positions
-from .talker import TalkerPrefillRequest
+from .talker import TalkerPrefillRequest, UserPart
 from .tools import AnswerCalls, system_text
 
 
@@ -310,9 +310,11 @@ class CallContext:
         piece.audio.append(encoded)
         return piece
 
-    def _prefill_turn(self, pieces: list[Piece], trailer: int = 0) -> Prefilling[torch.Tensor]:
+    def _prefill_turn(self, pieces: list[Piece], trailer: int = 0, talker_later: bool = False
+                      ) -> Prefilling[tuple[torch.Tensor, UserPart | None]]:
         """Prefill pieces of the user turn (plus `trailer` assistant-header ids at the end); returns the hidden
-        state at the last position."""
+        state at the last position, and with `talker_later` the Talker's user part of these pieces, left for the
+        caller to prefill (with the answer's prefix, one round of the worker instead of two)."""
         piece = Piece()
         for part in pieces:
             piece.ids += part.ids
@@ -332,12 +334,15 @@ class CallContext:
         last = hidden[:, -1].clone()  # (a graph's output: the next round's prefills may overwrite it)
         user_len = len(piece.ids) - trailer
         turn.segment.extend(piece, positions, user_len)
-        if self.talker is not None:
-            segment = turn.segment
-            part = self._talker_user_part(piece.ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
-            yield from self.talker.prefill_user_part(part, positions[:, :user_len] + turn.talker_base)
-            segment.talker_part = part if segment.talker_part is None else torch.cat((segment.talker_part, part), 1)
-        return last
+        if self.talker is None:
+            return last, None
+        segment = turn.segment
+        part = self._talker_user_part(piece.ids[:user_len], embeds[:, :user_len], captured[:, :user_len])
+        user_part = UserPart(part, positions[:, :user_len] + turn.talker_base)
+        if not talker_later:
+            yield from self.talker.prefill_user_part(user_part)
+        segment.talker_part = part if segment.talker_part is None else torch.cat((segment.talker_part, part), 1)
+        return last, user_part if talker_later else None
 
     def _place_turn(self) -> None:
         """The turn starts where the context ends, in the Thinker and in the Talker."""
@@ -418,8 +423,8 @@ class CallContext:
 
     def _prefill_talker_part(self, segment: Segment) -> None:
         if segment.talker_part is not None:
-            self.run_now(self.talker.prefill_user_part(segment.talker_part,
-                                                       segment.positions + self.talker.next_user_position()))
+            self.run_now(self.talker.prefill_user_part(
+                UserPart(segment.talker_part, segment.positions + self.talker.next_user_position())))
 
     # ----- context budget ------------------------------------------------------------------------------------
     def _make_room(self, new_grids: int) -> None:
@@ -539,7 +544,7 @@ class CallContext:
             if len(tail) >= audio_input.MEL_HOP:
                 pieces.append((yield from self._audio_piece(tail)))
             pieces.append(self.turn.layout.closing(header, typed))
-        last = yield from self._prefill_turn(pieces, trailer=len(header))
+        last, user_part = yield from self._prefill_turn(pieces, trailer=len(header), talker_later=True)
         logits = self.core.model.thinker.lm_head(last)
         self.segments.append(self.turn.segment)
         self.turn = None
@@ -560,8 +565,10 @@ class CallContext:
                 side.wait_stream(torch.cuda.current_stream())
             yield from self.talker.start_answer(self.core.text_input([header]), self.core.text_input([[token]]),
                                                 self.core.tts, self.core.speaker_id(self.options.voice),
-                                                self.options.talker_sampling, self.generator)
+                                                self.options.talker_sampling, self.generator, user_part)
             answer.speaking = True
+        elif user_part is not None:  # no spoken answer: the Talker keeps the turn for the answers that speak
+            yield from self.talker.prefill_user_part(user_part)
         return answer
 
     def trim_last_answer(self, frames_played: int) -> None:

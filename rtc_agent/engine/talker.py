@@ -30,6 +30,14 @@ class TalkerPrefillRequest:
 TalkerPrefilling = Generator[TalkerPrefillRequest, tuple[torch.Tensor, torch.Tensor], None]
 
 
+@dataclass
+class UserPart:
+    """A piece of a user turn for the Talker's context: input embeddings [1, T, hidden] at rotary positions [3, T]."""
+
+    embeds: torch.Tensor
+    positions: np.ndarray
+
+
 class Talker:
     """Batched state and steps. Row b of every buffer belongs to slot b; a batched step runs over the first
     `rows` slots, and rows that take no part (`active` False) write to their cache's scratch position and keep
@@ -256,32 +264,49 @@ class TalkerRow:
             return (yield TalkerPrefillRequest(self, embeds))
         return self.run(embeds, positions)
 
-    def prefill_user_part(self, embeds: torch.Tensor, positions: np.ndarray) -> TalkerPrefilling:
-        """Append a piece of a user turn (Talker input embeddings [1, T, hidden] at rotary `positions` [3, T]) to
-        the kept user context."""
+    def prefill_user_part(self, part: UserPart) -> TalkerPrefilling:
+        """Append a piece of a user turn to the kept user context."""
         self.cache.crop(self.user_length)
-        yield from self._prefill(embeds, explicit_positions(positions, self.cache))
+        yield from self._prefill(part.embeds, explicit_positions(part.positions, self.cache))
         self.user_length = self.cache.length
+
+    def _joins(self, user_part: UserPart, prefix: int) -> bool:
+        """Whether `user_part` and a `prefix` of that many positions make one short prefill at the cache's end."""
+        return (explicit_positions(user_part.positions, self.cache) is None
+                and short_prefill_fits(self.cache, user_part.embeds.shape[1] + prefix))
 
     def end_answer(self) -> None:
         self.cache.crop(self.user_length)
 
     def start_answer(self, role_embeds: torch.Tensor, first_text: torch.Tensor, tts: dict[str, torch.Tensor],
-                     speaker_id: int, sampling: Sampling, generator) -> TalkerPrefilling:
+                     speaker_id: int, sampling: Sampling, generator, user_part: UserPart | None = None
+                     ) -> TalkerPrefilling:
         """Prefill the 9-position assistant prefix and choose code 0 of the first frame (on the device, in
         `Talker.code0` of this row).
 
         Text side: the 3 role tokens, 4 x tts_pad, tts_bos, the first text token (all through text_projection).
         Codec side: zeros under the role tokens, then nothink, think_bos, think_eos, speaker, codec_pad, codec_bos.
+
+        `user_part`: the end of the caller's turn, not yet in the user context. Where it sits at the sequential
+        positions and fits one short prefill with the prefix, the two are one prefill: a turn end then costs the
+        worker one round of Talker prefills instead of two (each round of a burst of turn ends waits for the GPU).
         """
         talker, cfg, b = self.talker, self.talker.config, self.index
         text = torch.cat((role_embeds, tts["pad"].expand(1, 4, -1), tts["bos"], first_text), dim=1)
         codec_ids = to_device(torch.tensor([[cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id,
                                              speaker_id, cfg.codec_pad_id, cfg.codec_bos_id]]), text.device)
         codec = torch.cat((text.new_zeros(1, 3, text.shape[-1]), talker.talker.get_input_embeddings()(codec_ids)), dim=1)
+        prefix = text + codec
         self.cache.crop(self.user_length)
+        joined = user_part is not None and self._joins(user_part, prefix.shape[1])
+        if joined:
+            prefix = torch.cat((user_part.embeds, prefix), dim=1)
+        elif user_part is not None:
+            yield from self.prefill_user_part(user_part)
         talker.seen[b].zero_()
-        hidden, logits = yield from self._prefill(text + codec)
+        hidden, logits = yield from self._prefill(prefix)
+        if joined:
+            self.user_length += user_part.embeds.shape[1]
         talker.last_hidden[b].copy_(hidden[0, -1:])
         noise = gumbel_rows([None if sampling.greedy else generator], talker.vocab, talker.device)
         talker.code0[b].copy_(talker.choose_code0(logits[:, -1], sampling, noise.view(1, -1), talker.seen[b:b + 1])[0])
