@@ -5,11 +5,13 @@
 # mid-call. Part 2: `--turn-detection server_vad --max-sessions 32`: 8 and 32 at once.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_processes.sh 1|2 [WAV]
 # (SERVE_ARGS="--quantize int4": more serve flags for part 1; CALLERS="1 8 16": its loads, each "N at once", or
-# "N:file.wav" to say another WAV; KILL=0: no SIGKILL run)
+# "N:file.wav" to say another WAV; KILL=0: no SIGKILL run; TRACE=1: the engine worker's trace, with the GPU time
+# of each round and step, in the output as trace.<pid> for scripts/worker_trace.py)
 set -u
 part=${1:-1}
 wav=${2:-.whl/question.wav}
 out=${OUT:-artifacts/processes}; mkdir -p "$out"
+[ "${TRACE:-0}" = 1 ] && export RTC_AGENT_WORKER_TRACE=$out/trace
 model=${MODEL:-synthetic:30b-a3b}
 url=http://127.0.0.1:${PORT:-8080}
 answer_s=${ANSWER_S:-8}  # shorter answers than the default 30 s: the same latencies in less device time
