@@ -49,10 +49,9 @@ def _allocator_bytes(device: torch.device) -> tuple[int, int, int]:
     """(allocated, reserved, peak allocated) bytes of PyTorch's allocator, from one read of its counters.
 
     Not `torch.cuda.memory_allocated` and its siblings: each of them flattens every counter of the allocator into
-    a sorted dict in Python (`memory_stats`), a few milliseconds holding the GIL. The engine's status is read twice
-    a second by every media process, and those milliseconds held the engine's worker thread back: in a burst of
-    24 turn ends they were half of the engine process's event-loop time, and answer preparations waited 2-10 ms
-    each for the GIL."""
+    a sorted dict in Python (`memory_stats`), milliseconds holding the GIL next to the engine's worker thread. The
+    engine's status is read twice a second by every media process: in a burst of 24 turn ends on the H200 those
+    reads were half of the engine process's event-loop time (docs/PERFORMANCE.md, sixteenth session)."""
     stats = torch.cuda.memory_stats_as_nested_dict(device)
     allocated = stats.get("allocated_bytes", {}).get("all", {})
     reserved = stats.get("reserved_bytes", {}).get("all", {})

@@ -289,7 +289,8 @@ class TalkerRow:
 
         `user_part`: the end of the caller's turn, not yet in the user context. Where it sits at the sequential
         positions and fits one short prefill with the prefix, the two are one prefill: a turn end then costs the
-        worker one round of Talker prefills instead of two (each round of a burst of turn ends waits for the GPU).
+        worker one round of Talker prefills instead of two (in a burst of turn ends, each round adds a wait for the
+        GPU and a pass over every session in it).
         """
         talker, cfg, b = self.talker, self.talker.config, self.index
         text = torch.cat((role_embeds, tts["pad"].expand(1, 4, -1), tts["bos"], first_text), dim=1)
