@@ -4,11 +4,14 @@ answer's preparation and start waited, and the worker's rounds and steps around 
 
     python3 scripts/worker_trace.py trace.1234                  # every preparation and answer start: wait, run
     python3 scripts/worker_trace.py trace.1234 --around 2 --ms 800   # the timeline around the 2nd answer start
+    python3 scripts/worker_trace.py trace.1234 --host               # the worker's time in each piece of each job
 
 Times are ms; `wait` is from the job's submission to its start, `run` from its start to its end (rounds and steps
 of other work in between included). A round lists its sessions' requests (AudioRequest, PrefillRequest,
 TalkerPrefillRequest); a step, how many answers it advanced and the smallest lead among them before it; on a GPU
-both say how long the GPU took for them (a round's own time is only the time to queue its work).
+both say how long the GPU took for them (a round's own time is only the time to queue its work). `--host` sums
+the `host` lines: the worker's time in each piece of a job (from its start or a round's result up to its next
+request, or its end), by job and request; a piece that reads a GPU result back includes the wait for it.
 """
 from __future__ import annotations
 
@@ -45,8 +48,19 @@ def main() -> None:
     p.add_argument("trace")
     p.add_argument("--around", type=int, help="print the timeline around the Nth answer start (1: the first)")
     p.add_argument("--ms", type=float, default=600, help="how far before and after it")
+    p.add_argument("--host", action="store_true", help="the worker's time per piece of job, by job and request")
     args = p.parse_args()
     events = [json.loads(line) for line in open(args.trace)]
+    if args.host:
+        pieces: dict[tuple[str, str], list[float]] = {}
+        for e in events:
+            if e["e"] == "host":
+                pieces.setdefault((e["name"], e["until"]), []).append(e["ms"])
+        for (name, until), times in sorted(pieces.items(), key=lambda item: -sum(item[1])):
+            times.sort()
+            print(f"{name:<15} until {until:<22} n {len(times):5}  p50 {times[len(times) // 2]:6.2f}  "
+                  f"p90 {times[int(len(times) * 0.9)]:6.2f}  max {times[-1]:7.2f}  sum {sum(times):8.1f} ms")
+        return
     if args.around is None:
         for j in jobs(events):
             if j["name"] in WATCHED:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
-from rtc_agent.engine import EngineFullError
+from rtc_agent.engine import EngineFullError, graphs
 from rtc_agent.engine.audio_input import AudioRequest
 from rtc_agent.engine.slots import PrefillRequest
 from rtc_agent.engine.talker import TalkerPrefillRequest
@@ -129,11 +129,24 @@ def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():
     assert engine.pool.free == len(engine.pool)
 
 
-def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
+@pytest.mark.parametrize("key_bounds, chosen", [(graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}),
+                                                ((24, 48, 96), {48, 96, None})])
+def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monkeypatch, key_bounds, chosen):
     """Three callers whose audio chunks and turn ends reach the worker at the same moment: their audio is encoded
     in one pass and their Thinker and Talker prefills run as batched steps (rows at different cache lengths), and
-    each answer equals the one made alone."""
+    each answer equals the one made alone. The batched steps attend over the fewest keys that hold their rows'
+    new positions (`graphs.KEY_BOUNDS`); with small bounds, the contexts outgrow them during the turns."""
+    monkeypatch.setattr(graphs, "KEY_BOUNDS", key_bounds)
     engine = engine_for(prefill_chunk_s=0.5)
+    bounds: list[int | None] = []  # the key bound of each batched prefill (Thinker and Talker)
+    for batched_prefill in (engine.pool._batched_prefill, engine.pool.talker._batched_prefill):
+        bounded = batched_prefill._bounded
+
+        def recording(embeds, view, bound, bounded=bounded):
+            bounds.append(bound)
+            return bounded(embeds, view, bound)
+
+        monkeypatch.setattr(batched_prefill, "_bounded", recording)
     audios = [caller_audio(1.7, seed=6), caller_audio(1.1, seed=7), caller_audio(2.3, seed=8)]
     alone = []
     for audio in audios:
@@ -173,6 +186,7 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing():
     assert {(callers, 0, 0), (0, callers, 0), (0, 0, callers)} <= set(rounds), rounds
     assert rounds.count((0, 0, callers)) >= 2, rounds
     assert batched == alone
+    assert set(bounds) == chosen, bounds
 
 
 def test_a_new_call_starts_from_the_kept_system_prompt():

@@ -50,7 +50,9 @@ class StaticKVCache:
         self.position = torch.zeros(batch, dtype=torch.long, device=device)
         self.rope_delta_tensor = torch.zeros(batch, dtype=torch.long, device=device)  # `rope_delta`, for graphs
         self.graph_positions: torch.Tensor | None = None  # [batch, count], set while a graph-mode forward runs
-        self._visible: int | None = None  # keys a graph-mode forward on the CPU attends over (None: all)
+        self._visible: int | None = None  # keys a graph-mode forward attends over (None: all)
+        # Set while a step is captured: its graph attends over the first `key_bound` keys only (see graph_step)
+        self.key_bound: int | None = None
         self._key_index = torch.arange(self.scratch + 1, device=device)
 
     def row(self, index: int) -> "StaticKVCache":
@@ -107,22 +109,24 @@ class StaticKVCache:
     def graph_step(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [batch, count] and mask [batch, 1, count, keys] for `count` queries per row starting at the
         row's `self.position` (at most the scratch position), with fixed shapes: keys are the whole buffer,
-        masked. This is what a captured step records; `length` is advanced by the caller."""
+        masked. This is what a captured step records; `length` is advanced by the caller. With `key_bound` set,
+        keys are the first `key_bound` positions only: a step for rows whose queries all lie below it (their
+        writes may still go to the scratch position, which no query of theirs sees)."""
         # Positions past the buffer (a padded prefill's padding near the end, a row that sits a prefill out at
         # the scratch position) all land on the scratch position.
         self.graph_positions = (self.position[:, None] + torch.arange(count, device=self.position.device)).clamp_(
             max=self.scratch)
-        keys = self._key_index
-        self._visible = None
+        keys = self._key_index[:self.key_bound]
+        self._visible = self.key_bound
         if not self.position.is_cuda:  # not captured: attend over the keys up to the furthest row's query only,
             live = self.graph_positions[self.graph_positions < self.scratch]  # as an eager forward does (same
-            self._visible = int(live.max()) + 1 if live.numel() else self.scratch + 1  # arithmetic)
+            self._visible = int(live.max()) + 1 if live.numel() else len(keys)  # arithmetic)
             keys = keys[:self._visible]
         queries = self.graph_positions[:, :, None]
         mask = keys <= queries
         if self.window is not None:
             mask &= keys > queries - self.window
-        if self._visible is not None and count == 1 and bool(mask.all()):
+        if not self.position.is_cuda and count == 1 and bool(mask.all()):
             return self.graph_positions, None
         return self.graph_positions, mask[:, None]
 

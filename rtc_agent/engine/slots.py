@@ -181,7 +181,8 @@ class SlotPool:
         for rows in batch_sizes(len(self.slots)):
             self._thinker_step(rows)
             if rows > 1:
-                self._batched_prefill.capture(rows)
+                for bound in self._batched_prefill.bounds():
+                    self._batched_prefill.capture(rows, bound)
             if self.talker is not None:
                 self.talker.capture(rows, talker_sampling, predictor_sampling)
                 self.code2wav.capture(rows)

@@ -246,9 +246,10 @@ class Worker:
             return
         TRACE(e="start", key=job.key, p=job.priority, name=getattr(job.fn, "__name__", "?"))
         try:
+            started = time.perf_counter()
             result = job.fn()
             if inspect.isgenerator(result):
-                self._resume(job, result, None, waiting)
+                self._resume(job, result, None, waiting, started=started)
             else:
                 TRACE(e="done", key=job.key)
                 job.future.set_result(result)
@@ -257,8 +258,12 @@ class Worker:
             job.future.set_exception(exc)
 
     def _resume(self, job: _Job, work: Generator, sent: Any, waiting: dict[Any, _Waiting],
-                error: BaseException | None = None) -> None:
-        """Send `work` the result of its request (or throw `error` in); it waits again or is done."""
+                error: BaseException | None = None, started: float | None = None) -> None:
+        """Send `work` the result of its request (or throw `error` in); it waits again or is done. The trace gets
+        a `host` line: how long this piece of the job ran on the worker (host work, and waits for the GPU where
+        it reads a result back), up to which request (`until`)."""
+        started = time.perf_counter() if started is None else started
+        until = "done"
         try:
             request = work.throw(error) if error is not None else work.send(sent)
         except StopIteration as stop:
@@ -268,7 +273,11 @@ class Worker:
             TRACE(e="done", key=job.key, failed=True)
             job.future.set_exception(exc)
         else:
+            until = type(request).__name__
             waiting[job.key if job.key is not None else id(job)] = _Waiting(job, work, request)
+        if TRACE.on:
+            TRACE(e="host", key=job.key, name=getattr(job.fn, "__name__", "?"), until=until,
+                  ms=round((time.perf_counter() - started) * 1000, 2))
 
     def _join(self, waiting: dict[Any, _Waiting], priority: int, busy: set = frozenset()) -> None:
         """Start the queued jobs of sessions with no job in the round (each session's first only; `busy`: more
