@@ -77,3 +77,41 @@ def test_expedite_makes_a_sessions_queued_jobs_go_before_other_sessions_ordinary
     finally:
         worker.close()
     assert log == ["c", "a", "b"]
+
+
+def _staged(name: str, stages: list[int]) -> Generator[str, str, str]:
+    """A session's turn work whose requests belong to `stages` in turn (a request is `name` + its stage), each
+    followed by host work longer than a job slice, so that a step is due after every piece of it."""
+    for stage in stages:
+        yield f"{name}{stage}"
+        time.sleep(JOB_SLICE_S * 1.5)
+    return name
+
+
+def test_a_jobs_requests_of_later_stages_go_on_in_the_same_round():
+    """Stages 0, 1, 2 (audio, Thinker prefill, Talker prefill): a turn end's three requests run in one round, with
+    no step between them though steps are due; a job whose next request is of an earlier stage (its next chunk's
+    audio) waits for the next round, after the step."""
+    log: list[str] = []
+
+    def step(answers: list) -> None:
+        log.append("step")
+
+    def run_requests(requests: list[str]) -> list[str]:
+        log.append("round " + " ".join(requests))
+        return requests
+
+    worker = Worker("test-worker", step, run_requests, stage_of=lambda request: int(request[-1]))
+    holding, gate = threading.Event(), threading.Event()
+    try:
+        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
+        assert holding.wait(5)
+        jobs = [worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a"),
+                worker.submit(lambda: _staged("b", [0, 1, 0]), URGENT, key="b")]
+        gate.set()
+        first.result(5)
+        assert [job.result(5) for job in jobs] == ["a", "b"]
+    finally:
+        worker.close()
+    start = log.index("round a0 b0")
+    assert log[start:start + 5] == ["round a0 b0", "round a1 b1", "round a2", "step", "round b0"], log

@@ -40,8 +40,9 @@ class EngineOptions:
     fast_sampling: bool = True  # the Talker's and code predictor's draws in one kernel (sampling.py; CUDA)
     overlap: bool = True  # the Thinker's next token on a side stream while a frame is made (CUDA graphs only)
     gpu_memory_fraction: float = 1.0  # the most of the GPU's memory this process may take (set before the weights)
-    cpu_threads: int = 1  # torch threads of the engine's worker on a CPU: the tiny model's small products run
-    # twice as fast on one thread as on two (2-core machine: frame 33 vs 64 ms), and the media keep the other cores
+    cpu_threads: int = 1  # torch threads of the engine's worker for its CPU work (on a CPU the model: the tiny
+    # model's small products run twice as fast on one thread as on two, 2-core machine: frame 33 vs 64 ms; on a GPU
+    # the log-mel features and inputs); the media keep the other cores
 
     def __post_init__(self) -> None:
         if self.cpu_threads < 1:
