@@ -13,10 +13,12 @@ from rtc_agent.engine.worker import JOB_SLICE_S, NORMAL, URGENT, Worker
 
 
 class Behind:
-    """An answer with no speech ahead of its playout: the worker steps it whenever a step may run."""
+    """An answer with no speech ahead of its playout (past its first frame): the worker steps it whenever a step
+    may run."""
 
     done = False
     after: list = []
+    awaits_first_frame = False
 
     def lead_s(self, now: float) -> float:
         return 0.0
@@ -115,3 +117,36 @@ def test_a_jobs_requests_of_later_stages_go_on_in_the_same_round():
         worker.close()
     start = log.index("round a0 b0")
     assert log[start:start + 5] == ["round a0 b0", "round a1 b1", "round a2", "step", "round b0"], log
+
+
+class Started(Behind):
+    """An answer just started: its caller waits for its first frame, which the next step makes."""
+
+    awaits_first_frame = True
+
+
+def test_a_started_answers_first_step_goes_before_another_sessions_round():
+    """A preparation (urgent, one request) and an answer start (urgent, no request) queued together: the answer
+    joins, and its first frame's step runs before the preparation's round."""
+    log: list[str] = []
+    worker = _worker(log)
+    holding, gate = threading.Event(), threading.Event()
+    answer = Started()
+
+    def first_frame(answers: list) -> None:
+        log.append("step")
+        answer.awaits_first_frame = False
+
+    worker._step = first_frame
+    try:
+        first = worker.submit(lambda: (holding.set(), gate.wait(5)), NORMAL)
+        assert holding.wait(5)
+        prepared = worker.submit(lambda: _staged("p", [0]), URGENT, key="p")
+        started = worker.submit(lambda: (worker.add(answer), log.append("start")), URGENT, key="s")
+        gate.set()
+        first.result(5)
+        prepared.result(5)
+        started.result(5)
+    finally:
+        worker.close()
+    assert log[:3] == ["start", "step", "round p0"], log
