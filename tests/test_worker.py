@@ -18,7 +18,6 @@ class Behind:
 
     done = False
     after: list = []
-    awaits_first_frame = False
 
     def lead_s(self, now: float) -> float:
         return 0.0
@@ -119,34 +118,22 @@ def test_a_jobs_requests_of_later_stages_go_on_in_the_same_round():
     assert log[start:start + 5] == ["round a0 b0", "round a1 b1", "round a2", "step", "round b0"], log
 
 
-class Started(Behind):
-    """An answer just started: its caller waits for its first frame, which the next step makes."""
 
-    awaits_first_frame = True
-
-
-def test_a_started_answers_first_step_goes_before_another_sessions_round():
-    """A preparation (urgent, one request) and an answer start (urgent, no request) queued together: the answer
-    joins, and its first frame's step runs before the preparation's round."""
+def test_a_due_step_goes_between_one_urgent_jobs_round_and_the_next():
+    """Urgent jobs of one session, one round each, back to back while an answer is short of speech: a step runs
+    between their rounds (an urgent job goes before a due step, but not its round)."""
     log: list[str] = []
     worker = _worker(log)
     holding, gate = threading.Event(), threading.Event()
-    answer = Started()
-
-    def first_frame(answers: list) -> None:
-        log.append("step")
-        answer.awaits_first_frame = False
-
-    worker._step = first_frame
     try:
-        first = worker.submit(lambda: (holding.set(), gate.wait(5)), NORMAL)
+        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
         assert holding.wait(5)
-        prepared = worker.submit(lambda: _staged("p", [0]), URGENT, key="p")
-        started = worker.submit(lambda: (worker.add(answer), log.append("start")), URGENT, key="s")
+        jobs = [worker.submit(lambda n=n: _staged(n, [0]), URGENT, key="x") for n in ("a", "b")]
         gate.set()
         first.result(5)
-        prepared.result(5)
-        started.result(5)
+        for job in jobs:
+            job.result(5)
     finally:
         worker.close()
-    assert log[:3] == ["start", "step", "round p0"], log
+    start = log.index("round a0")
+    assert log[start:start + 3] == ["round a0", "step", "round b0"], log

@@ -89,11 +89,6 @@ class Answer:
         """Stop within one frame; the history keeps the text of the first `frames_played` frames."""
         self.interrupted_at = max(0, frames_played)
 
-    @property
-    def awaits_first_frame(self) -> bool:
-        """Whether the answer speaks and its caller is waiting for its first frame."""
-        return self.speaking and self.first_frame_at is None
-
     def lead_s(self, now: float) -> float:
         """Seconds of speech made ahead of real time: 0 before the first frame, infinite once nothing is spoken
         any more (text has no playout to keep up with)."""
