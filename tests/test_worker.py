@@ -23,7 +23,7 @@ class Behind:
         return 0.0
 
 
-def _worker(log: list[str]) -> Worker:
+def _worker(log: list[str], stage_of=lambda request: 0) -> Worker:
     def step(answers: list) -> None:
         log.append("step")
 
@@ -31,7 +31,22 @@ def _worker(log: list[str]) -> Worker:
         log.append("round " + " ".join(requests))
         return requests
 
-    return Worker("test-worker", step, run_requests)
+    return Worker("test-worker", step, run_requests, stage_of=stage_of)
+
+
+def _queued_behind_an_answer(worker: Worker, submit) -> list:
+    """`submit()` queues jobs (returns their futures) while a first job holds the worker, having started an answer
+    short of speech (steps are due from then on); returns the jobs' results, and closes the worker."""
+    holding, gate = threading.Event(), threading.Event()
+    try:
+        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
+        assert holding.wait(5)
+        jobs = submit()
+        gate.set()
+        first.result(5)
+        return [job.result(5) for job in jobs]
+    finally:
+        worker.close()
 
 
 def _turn_end(log: list[str], name: str) -> Generator[str, str, str]:
@@ -45,18 +60,9 @@ def _turn_end(log: list[str], name: str) -> Generator[str, str, str]:
 def test_a_due_step_waits_until_every_session_of_the_round_is_resumed():
     log: list[str] = []
     worker = _worker(log)
-    holding, gate = threading.Event(), threading.Event()
-    try:
-        # the first job starts an answer (steps are due from then on) and holds the worker until three sessions'
-        # turn ends are queued behind it: they go into one round
-        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
-        assert holding.wait(5)
-        jobs = [worker.submit(lambda n=n: _turn_end(log, n), URGENT, key=n) for n in ("a", "b", "c")]
-        gate.set()
-        first.result(5)
-        assert [job.result(5) for job in jobs] == ["a", "b", "c"]
-    finally:
-        worker.close()
+    # three sessions' turn ends queued behind the answer's start go into one round
+    assert _queued_behind_an_answer(worker, lambda: [
+        worker.submit(lambda n=n: _turn_end(log, n), URGENT, key=n) for n in ("a", "b", "c")]) == ["a", "b", "c"]
     round_at = log.index("round a b c")
     assert log[round_at + 1:round_at + 4] == ["a done", "b done", "c done"], log
 
@@ -94,29 +100,12 @@ def test_a_jobs_requests_of_later_stages_go_on_in_the_same_round():
     no step between them though steps are due; a job whose next request is of an earlier stage (its next chunk's
     audio) waits for the next round, after the step."""
     log: list[str] = []
-
-    def step(answers: list) -> None:
-        log.append("step")
-
-    def run_requests(requests: list[str]) -> list[str]:
-        log.append("round " + " ".join(requests))
-        return requests
-
-    worker = Worker("test-worker", step, run_requests, stage_of=lambda request: int(request[-1]))
-    holding, gate = threading.Event(), threading.Event()
-    try:
-        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
-        assert holding.wait(5)
-        jobs = [worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a"),
-                worker.submit(lambda: _staged("b", [0, 1, 0]), URGENT, key="b")]
-        gate.set()
-        first.result(5)
-        assert [job.result(5) for job in jobs] == ["a", "b"]
-    finally:
-        worker.close()
+    worker = _worker(log, stage_of=lambda request: int(request[-1]))
+    assert _queued_behind_an_answer(worker, lambda: [
+        worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a"),
+        worker.submit(lambda: _staged("b", [0, 1, 0]), URGENT, key="b")]) == ["a", "b"]
     start = log.index("round a0 b0")
     assert log[start:start + 5] == ["round a0 b0", "round a1 b1", "round a2", "step", "round b0"], log
-
 
 
 def test_a_due_step_goes_between_one_urgent_jobs_round_and_the_next():
@@ -124,16 +113,7 @@ def test_a_due_step_goes_between_one_urgent_jobs_round_and_the_next():
     between their rounds (an urgent job goes before a due step, but not its round)."""
     log: list[str] = []
     worker = _worker(log)
-    holding, gate = threading.Event(), threading.Event()
-    try:
-        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
-        assert holding.wait(5)
-        jobs = [worker.submit(lambda n=n: _staged(n, [0]), URGENT, key="x") for n in ("a", "b")]
-        gate.set()
-        first.result(5)
-        for job in jobs:
-            job.result(5)
-    finally:
-        worker.close()
+    _queued_behind_an_answer(worker, lambda: [
+        worker.submit(lambda n=n: _staged(n, [0]), URGENT, key="x") for n in ("a", "b")])
     start = log.index("round a0")
     assert log[start:start + 3] == ["round a0", "step", "round b0"], log
