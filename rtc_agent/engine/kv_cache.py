@@ -51,7 +51,7 @@ class StaticKVCache:
         self.rope_delta_tensor = torch.zeros(batch, dtype=torch.long, device=device)  # `rope_delta`, for graphs
         self.graph_positions: torch.Tensor | None = None  # [batch, count], set while a graph-mode forward runs
         self._visible: int | None = None  # keys a graph-mode forward attends over (None: all)
-        # Set while a step is captured: its graph attends over the first `key_bound` keys only (see graph_step)
+        # Set while a bounded step runs (and is captured): it attends over the first `key_bound` keys only
         self.key_bound: int | None = None
         self._key_index = torch.arange(self.scratch + 1, device=device)
 

@@ -8,8 +8,7 @@ asked. Answers in progress advance together, one batched step (`answer.tick`) fo
 steps jobs run for up to `JOB_SLICE_S` (most jobs, a piece of caller audio, take well under a millisecond; a
 prefill takes tens), and for as long as every answer is at least `MIN_LEAD_S` of speech ahead of its playout; an
 answer closer to its deadline gets the next step first, so a caller listening to an answer never hears a late frame
-because another caller started talking, while the callers who are talking still have their audio taken in. A due
-step goes before each round (and never inside one).
+because another caller started talking, while the callers who are talking still have their audio taken in.
 
 A job may be a generator (a session's turn work, see `CallContext`): it yields requests (audio to encode, a short
 Thinker or Talker prefill). The worker then starts every queued job of the other sessions too, up to their first
@@ -18,12 +17,13 @@ encoder, one batched Thinker prefill, one batched Talker prefill); a job whose n
 stage goes on in the same round. Rounds follow each other until the jobs are done. Eight callers who end their turns
 at the same moment so cost about one turn end's launches and weight reads instead of eight. Within a round, between
 one session's rest of the work and the next (host work: its next request's inputs, an answer's first token), answer
-starts that came meanwhile join, so a prepared answer starts at once; a due step runs between rounds, never inside
-one, so that no session's finished request waits for a step behind another's. A session's jobs keep their order: a
-job waits while an earlier one of the same session (its `key`) is in a round.
+starts that came meanwhile join, so a prepared answer starts at once; a due step runs before each round, never
+inside one, so that no session's finished request waits for a step behind another's. A session's jobs keep their
+order: a job waits while an earlier one of the same session (its `key`) is in a round.
 
-`RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per round and per step to
-`path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow first packet waited.
+`RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
+work, per round and per step to `path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow
+first packet waited.
 """
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ class Worker:
         """Whether an answer is so close to its playout that its next frame goes before more jobs' rounds.
         (Not sooner for an answer just started: on the H200 with 24 answers speaking, its first frame out before
         a round of other calls' turn ends left it 80 ms of lead for that round and the next step, 115 ms, and
-        9-12 frames a run came late.)"""
+        2-12 frames a run came late.)"""
         lead = min((a.lead_s(time.perf_counter()) for a in self._answers), default=MIN_LEAD_S)
         return lead < MIN_LEAD_S and self._slice_spent >= JOB_SLICE_S
 
