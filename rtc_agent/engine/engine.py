@@ -71,8 +71,8 @@ class Engine:
             self.audio_encoder = audio_input.AudioEncoder(self.model.thinker.model.audio_tower, self.cuda_graphs)
         log.info("%d session slots ready in %.1f s", len(self.pool), time.perf_counter() - started)
         # (a GPU engine's worker thread runs only small CPU ops: the caller audio's log-mel, inputs to copy over;
-        # with torch's default of one thread per core, a second of log-mel took up to 13 ms instead of 0.8 while
-        # the media processes kept the other cores busy, H200 machine)
+        # with torch's default of one thread per core, a second of log-mel took 12.9 ms P90 instead of 0.75 ms
+        # while 12 other busy processes shared the cores, H200 machine)
         self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.run_requests,
                               lambda request: REQUEST_STAGES.index(type(request)), threads=options.cpu_threads)
 
