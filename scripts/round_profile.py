@@ -18,11 +18,13 @@ from rtc_agent.engine.slots import PrefillRequest
 from rtc_agent.engine.talker import TalkerPrefillRequest
 
 
-ACTIVITIES = [torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else torch.profiler.ProfilerActivity.CPU]
+ON_GPU = torch.cuda.is_available()
+ACTIVITIES = [torch.profiler.ProfilerActivity.CUDA if ON_GPU else torch.profiler.ProfilerActivity.CPU]
+SORT_BY = "cuda_time_total" if ON_GPU else "cpu_time_total"
 
 
 def _sync() -> None:
-    if torch.cuda.is_available():
+    if ON_GPU:
         torch.cuda.synchronize()
 
 
@@ -73,14 +75,11 @@ def _profile(engine: Engine, args) -> dict:
     result["thinker_moe_ms_x_layers"] = {
         n: round(_ms(lambda: block(torch.randn(1, n, hidden, device=engine.device, dtype=engine.dtype))) * layers, 1)
         for n in (12, 32, 96, 192, 288, 384, 768)}
-    with torch.profiler.profile(activities=ACTIVITIES) as prof:
-        thinker(args.sessions)()
-        _sync()
-    print(prof.key_averages().table(sort_by="cuda_time_total" if torch.cuda.is_available() else "cpu_time_total", row_limit=8), flush=True)
-    with torch.profiler.profile(activities=ACTIVITIES) as prof:
-        talker_prefill(args.sessions)()
-        _sync()
-    print(prof.key_averages().table(sort_by="cuda_time_total" if torch.cuda.is_available() else "cpu_time_total", row_limit=6), flush=True)
+    for run, rows in ((thinker(args.sessions), 8), (talker_prefill(args.sessions), 6)):
+        with torch.profiler.profile(activities=ACTIVITIES) as prof:
+            run()
+            _sync()
+        print(prof.key_averages().table(sort_by=SORT_BY, row_limit=rows), flush=True)
     return result
 
 
