@@ -253,6 +253,11 @@ class BatchedPrefill:
         """The key bounds of the steps of each batch size (None: the whole buffer)."""
         return [b for b in KEY_BOUNDS if b <= self.cache.scratch] + [None]
 
+    def capture_all(self, rows: int) -> None:
+        """The steps over the first `rows` rows for every key bound (at start-up: no call captures one)."""
+        for bound in self.bounds():
+            self.capture(rows, bound)
+
     def capture(self, rows: int, bound: int | None = None) -> CapturedStep:
         """The step over the first `rows` rows attending over the first `bound` keys (None: all), captured on
         first use (the engine captures them all at start-up)."""

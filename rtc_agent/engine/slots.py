@@ -181,8 +181,7 @@ class SlotPool:
         for rows in batch_sizes(len(self.slots)):
             self._thinker_step(rows)
             if rows > 1:
-                for bound in self._batched_prefill.bounds():
-                    self._batched_prefill.capture(rows, bound)
+                self._batched_prefill.capture_all(rows)
             if self.talker is not None:
                 self.talker.capture(rows, talker_sampling, predictor_sampling)
                 self.code2wav.capture(rows)

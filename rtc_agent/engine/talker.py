@@ -87,8 +87,7 @@ class Talker:
         self._step_for(rows, talker_sampling)
         self._predictor_for(rows, predictor_sampling)
         if rows > 1:
-            for bound in self._batched_prefill.bounds():
-                self._batched_prefill.capture(rows, bound)
+            self._batched_prefill.capture_all(rows)
 
     def prefill(self, requests: list[TalkerPrefillRequest]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Run short Talker prefills of distinct slots; returns each one's (hidden, logits) [1, T, ...]. One runs
