@@ -9,26 +9,18 @@ import threading
 import time
 from collections.abc import Generator
 
-from rtc_agent.engine.worker import JOB_SLICE_S, MIN_LEAD_S, NORMAL, STAGE_LEAD_S, URGENT, Worker
+from rtc_agent.engine.worker import JOB_SLICE_S, NORMAL, URGENT, Worker
 
 
 class Behind:
-    """An answer being played, short of speech (under `MIN_LEAD_S` ahead of its playout, more than a frame): the
-    worker steps it whenever a step may run between rounds."""
+    """An answer with no speech ahead of its playout (past its first frame): the worker steps it whenever a step
+    may run."""
 
     done = False
     after: list = []
-    first_frame_at = 0.0
-    lead = (MIN_LEAD_S + STAGE_LEAD_S) / 2
 
     def lead_s(self, now: float) -> float:
-        return self.lead
-
-
-class RunningOut(Behind):
-    """An answer being played with less than a frame of speech ahead."""
-
-    lead = STAGE_LEAD_S / 2
+        return 0.0
 
 
 def _worker(log: list[str], stage_of=lambda request: 0) -> Worker:
@@ -42,13 +34,12 @@ def _worker(log: list[str], stage_of=lambda request: 0) -> Worker:
     return Worker("test-worker", step, run_requests, stage_of=stage_of)
 
 
-def _queued_behind_an_answer(worker: Worker, submit, answer: Behind | None = None) -> list:
-    """`submit()` queues jobs (returns their futures) while a first job holds the worker, having started `answer`
-    (by default one short of speech: steps are due from then on); returns the jobs' results, and closes the
-    worker."""
+def _queued_behind_an_answer(worker: Worker, submit) -> list:
+    """`submit()` queues jobs (returns their futures) while a first job holds the worker, having started an answer
+    short of speech (steps are due from then on); returns the jobs' results, and closes the worker."""
     holding, gate = threading.Event(), threading.Event()
     try:
-        first = worker.submit(lambda: (worker.add(answer or Behind()), holding.set(), gate.wait(5)), NORMAL)
+        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
         assert holding.wait(5)
         jobs = submit()
         gate.set()
@@ -126,14 +117,3 @@ def test_a_due_step_goes_between_one_urgent_jobs_round_and_the_next():
         worker.submit(lambda n=n: _staged(n, [0]), URGENT, key="x") for n in ("a", "b")])
     start = log.index("round a0")
     assert log[start:start + 3] == ["round a0", "step", "round b0"], log
-
-
-def test_an_answer_running_out_of_speech_gets_a_step_between_a_rounds_stages():
-    """Within a round, an answer with less than a frame of speech ahead gets a step between two stages (the rest of
-    the round could outlast its lead)."""
-    log: list[str] = []
-    worker = _worker(log, stage_of=lambda request: int(request[-1]))
-    _queued_behind_an_answer(worker, lambda: [worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a")],
-                             RunningOut())
-    start = log.index("round a0")
-    assert log[start:start + 5] == ["round a0", "step", "round a1", "step", "round a2"], log

@@ -18,9 +18,8 @@ stage goes on in the same round. Rounds follow each other until the jobs are don
 at the same moment so cost about one turn end's launches and weight reads instead of eight. Within a round, between
 one session's rest of the work and the next (host work: its next request's inputs, an answer's first token), answer
 starts that came meanwhile join, so a prepared answer starts at once; a due step runs before each round, never
-among one stage's sessions, so that no session's finished request waits for a step behind another's (between two
-stages only for an answer with less than a frame of speech left). A session's jobs keep their order: a job waits
-while an earlier one of the same session (its `key`) is in a round.
+inside one, so that no session's finished request waits for a step behind another's. A session's jobs keep their
+order: a job waits while an earlier one of the same session (its `key`) is in a round.
 
 `RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
 work, per round and per step to `path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow
@@ -51,7 +50,6 @@ log = logging.getLogger(__name__)
 URGENT, NORMAL = 0, 1
 MIN_LEAD_S = 0.24  # three frames: below this an answer's next frame goes before any job
 JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to its deadline
-STAGE_LEAD_S = 0.08  # one frame: between two stages of a round, an answer playing with less lead gets a step
 
 
 @dataclass(order=True)
@@ -316,19 +314,8 @@ class Worker:
             later = [stage for stage in stages.values() if stage > done]
             if not later:
                 return
-            if done >= 0:
-                self._step_if_short()
             done = min(later)
             self._run_stage([waiting.pop(key) for key, stage in stages.items() if stage == done], waiting)
-
-    def _step_if_short(self) -> None:
-        """Between two stages of a round: a step if an answer being played has less than a frame of speech left
-        (the rest of a round can take longer: with 20 sessions' turn ends in it, 100 ms of their host work and
-        two stages on the H200, and an answer one frame ahead went late). An answer not yet playing waits: its
-        first frame out early leaves it no lead for the rest of the round."""
-        now = time.perf_counter()
-        if any(a.first_frame_at is not None and a.lead_s(now) < STAGE_LEAD_S for a in self._answers):
-            self._step_answers()
 
     def _run_stage(self, entries: list[_Waiting], waiting: dict[Any, _Waiting]) -> None:
         """Run `entries`' requests (one stage of a round) and resume their jobs; they wait again in `waiting`."""
