@@ -69,3 +69,38 @@ def test_a_media_process_of_another_protocol_version_is_refused() -> None:
             writer.close()
 
     run(main())
+
+
+def test_a_departed_media_process_leaves_its_resumable_calls_to_be_taken_over() -> None:
+    """A session registered as resumable outlives its media process for its window, history and slot kept, and
+    another process takes it over with the token (once); the others' slots come back."""
+    async def main() -> None:
+        async with hosted(engine()) as remote:
+            slots = engine().pool.free
+            other = await RemoteEngine(remote.path, "other").connect()
+            kept, brief, plain = [await other.open_session(OPTIONS) for _ in range(3)]
+            kept.resumable("token-kept", 60, {"id": "sess_m0.kept"})
+            brief.resumable("token-brief", 0.5, {"id": "sess_m0.brief"})
+            await kept.push_audio(np.zeros(16000, np.float32))
+            assert isinstance([e async for e in kept.respond()][-1], ResponseDone)
+            await kept.push_audio(np.zeros(8000, np.float32))  # a turn under way when the process dies
+            other._writer.transport.abort()
+            for _ in range(200):  # `plain` at once, `brief` after its window; `kept` waits
+                await remote.refresh()
+                if remote.describe()["free_sessions"] == slots - 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert remote.describe()["free_sessions"] == slots - 1
+            assert await remote.adopt("token-brief") is None and await remote.adopt("no-such-token") is None
+
+            session, call = await remote.adopt("token-kept")
+            assert call == {"id": "sess_m0.kept"} and session.options.seed == OPTIONS.seed
+            assert await remote.adopt("token-kept") is None  # taken
+            await remote.refresh()
+            assert remote.describe()["free_sessions"] == slots - 1  # the same slot, not a new one
+            await session.push_audio(np.zeros(16000, np.float32))
+            assert isinstance([e async for e in session.respond()][-1], ResponseDone)
+            await session.close()
+            await other.close()
+
+    run(main())

@@ -1,8 +1,8 @@
 """`rtc-agent serve` as processes by role (server/processes.py: an engine process, two media processes and the
 front), a real process tree in a private network namespace, with real aiortc callers and the official `openai`
 client: calls through the front land on different media processes; SIGKILL to one media process ends only its own
-calls (the other caller's answer goes on, on time), the engine takes their slots back and a new media process
-takes its place; a Realtime WebSocket whose process dies gets an `error`; the engine process dying is a 503 for
+calls' connections (the other caller's answer goes on, on time), its caller resumes in a live process with an
+`error` that says so, and a new media process takes its place; a Realtime WebSocket whose process dies gets an `error`; the engine process dying is a 503 for
 everyone and /readyz says why, while the front stays up."""
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from rtc_agent.client.peer import Call, CallError
 
 from netns_support import needs_namespaces, private_network, start, stop
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
@@ -59,6 +61,18 @@ def pid_of(readyz: dict, session_id: str) -> int:
     return pid
 
 
+async def resume_until_taken(call: Call, mic: Any, timeout_s: float = 60) -> None:
+    """Offers again with the call's resume token until a process takes it (as the page does: the front may not
+    know yet that the process died, and answers 502 meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call.resume(mic)
+        except CallError as exc:
+            assert exc.status in (502, 503) and time.monotonic() < deadline, exc
+            await asyncio.sleep(1)
+
+
 def test_a_killed_media_process_ends_only_its_calls_and_is_replaced(tmp_path: Path) -> None:
     async def main() -> None:
         private_network()
@@ -79,8 +93,21 @@ def test_a_killed_media_process_ends_only_its_calls_and_is_replaced(tmp_path: Pa
                 done = (await kept.next_event("response.done", timeout_s=30))["response"]
                 assert done["status"] == "completed", done
                 assert done["metrics"]["frames_late"] == 0 and done["metrics"]["frames_sent"] > 10
-                # the engine took the dead process's slot back; a new media process took its place
-                body = await until_ready(proc, tmp_path / "serve.log", free=3)
+
+                # the dead process's caller resumes: a live process takes its call over from the engine, which
+                # kept its session (and slot); the caller is told with an `error`, then talks on
+                old_id = gone.session_id
+                await resume_until_taken(gone, gone_mic)
+                error = await gone.next_event("error", timeout_s=10)
+                assert error["error"]["code"] == "media_process_failed", error
+                created = gone.events_of("session.created")[-1]["session"]
+                assert created["id"] == gone.session_id != old_id
+                assert gone.resume_token == created["resume"]["token"]
+                await say(gone, gone_mic)
+                again = (await gone.next_event("response.done", timeout_s=30))["response"]
+                assert again["status"] == "completed", again
+                # a new media process took the dead one's place; the moved call holds its one slot
+                body = await until_ready(proc, tmp_path / "serve.log", free=2)
                 assert {p["ready"] for p in body["media_processes"]} == {True}
 
                 async with caller(URL) as (new, new_mic):

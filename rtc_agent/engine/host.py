@@ -3,7 +3,10 @@
 Each media process holds one connection and opens a session per call on it. Requests run as tasks on this
 process's event loop in the order they arrive, so a call's pushes keep their order (its media process awaits each
 one) while a cancel reaches an answer that is still streaming, as in one process. A media process that goes away
-(a crash, kill -9) closes its connection: every session it held is closed and its slot goes back to the engine.
+(a crash, kill -9) closes its connection: its requests stop, and each session it held is closed (its slot goes
+back to the engine) unless its call can be resumed (`resumable`: the call's resume token and window). Such a
+session waits that window, history and slot kept, for another media process to `adopt` it with the token, which
+its caller brings there in a resume offer.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,16 @@ from .engine import Engine, Session
 log = logging.getLogger(__name__)
 SESSION_METHODS = frozenset({"push_audio", "push_image", "push_text", "push_tool_output", "abort_turn", "flush",
                              "expedite", "prepare_answer", "cancel", "limit_video", "close"})
-NOTICES = frozenset({"update", "close"})
+NOTICES = frozenset({"update", "close", "resumable"})
+
+
+@dataclass
+class _Orphan:
+    """A session whose media process died, waiting for its caller to resume the call in another."""
+
+    session: Session
+    call: dict[str, Any]  # what the media process registered with `resumable` (token, window_s, call)
+    expiry: asyncio.TimerHandle
 
 
 class EngineHost:
@@ -33,6 +46,7 @@ class EngineHost:
         self.registry = CollectorRegistry()  # this process's page of the server's /metrics (front.py merges them)
         self.loop_lag, self.gc_pauses = watched_process(self.registry)
         self._server: asyncio.AbstractServer | None = None
+        self._orphans: dict[str, _Orphan] = {}  # by resume token
 
     async def start(self, path: str | Path) -> None:
         """Warms the engine up if it is not yet, then listens on `path` (a socket file in a private directory)."""
@@ -45,6 +59,29 @@ class EngineHost:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        orphans, self._orphans = list(self._orphans.values()), {}
+        for orphan in orphans:
+            orphan.expiry.cancel()
+            await _close_quietly(orphan.session)
+
+    def keep(self, session: Session, call: dict[str, Any]) -> None:
+        """Hold the session of a departed media process for `call["window_s"]` (then close it)."""
+        token = call["token"]
+        expiry = asyncio.get_running_loop().call_later(call["window_s"], self._expire, token)
+        self._orphans[token] = _Orphan(session, call, expiry)
+        log.info("a session of a departed media process waits %g s for its caller to resume", call["window_s"])
+
+    def adopt(self, token: str) -> _Orphan | None:
+        """The orphan with this resume token, no longer waiting (None: no such session)."""
+        orphan = self._orphans.pop(token, None)
+        if orphan is not None:
+            orphan.expiry.cancel()
+        return orphan
+
+    def _expire(self, token: str) -> None:
+        orphan = self._orphans.pop(token, None)
+        if orphan is not None:
+            asyncio.ensure_future(_close_quietly(orphan.session))
 
     def status(self) -> dict[str, Any]:
         """What media processes show: the engine's description, whether it is ready, its GPU memory."""
@@ -77,6 +114,7 @@ class _Connection:
         self.host = host
         self.writer = writer
         self.sessions: dict[int, Session] = {}
+        self.resumable: dict[int, dict[str, Any]] = {}  # session number -> its call's resume token, window, ids
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self._numbers = itertools.count(1)
 
@@ -98,8 +136,10 @@ class _Connection:
                     session.update(**record.kwargs)  # checked by the media process already
                 except ValueError:
                     log.exception("a session update the media process let through was refused")
+            elif record.method == "resumable":
+                self.resumable[record.session] = record.kwargs
             else:  # a session its media process dropped without closing it
-                self.sessions.pop(record.session, None)
+                self._forget(record.session)
                 asyncio.ensure_future(session.close())
         elif isinstance(record, wire.Stop):
             task = self.tasks.get(record.id)
@@ -126,10 +166,15 @@ class _Connection:
         if method == "metrics":
             return generate_latest(self.host.registry).decode()
         if method == "new_session":
-            session = self.host.engine.new_session(*request.args)
-            number = next(self._numbers)
-            self.sessions[number] = session
-            return number
+            return self._add(self.host.engine.new_session(*request.args))
+        if method == "adopt":
+            orphan = self.host.adopt(*request.args)
+            if orphan is None:
+                return None
+            await orphan.session.abort_turn()  # the new process starts listening afresh
+            number = self._add(orphan.session)
+            self.resumable[number] = orphan.call
+            return {"number": number, "options": orphan.session.options, "call": orphan.call["call"]}
         session = self.sessions.get(request.session)  # type: ignore[arg-type]
         if session is None:
             raise RuntimeError("this session is closed")
@@ -144,20 +189,38 @@ class _Connection:
         if method not in SESSION_METHODS:
             raise ValueError(f"no engine method {method!r}")
         if method == "close":
-            self.sessions.pop(request.session, None)  # type: ignore[arg-type]
+            self._forget(request.session)  # type: ignore[arg-type]
         return await getattr(session, method)(*request.args, **request.kwargs)
 
+    def _add(self, session: Session) -> int:
+        number = next(self._numbers)
+        self.sessions[number] = session
+        return number
+
+    def _forget(self, number: int) -> None:
+        self.sessions.pop(number, None)
+        self.resumable.pop(number, None)
+
     async def close(self) -> None:
-        """The media process is gone: its requests stop and its sessions close (their slots go back)."""
+        """The media process is gone: its requests stop; its sessions close (their slots go back), but those of
+        calls that can be resumed wait for it in another media process."""
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        sessions, self.sessions = list(self.sessions.values()), {}
-        for session in sessions:
-            try:
-                await session.close()
-            except Exception:
-                log.exception("closing a session of a departed media process failed")
+        sessions, self.sessions = self.sessions, {}
+        for number, session in sessions.items():
+            if (call := self.resumable.get(number)) is not None and call["window_s"] > 0:
+                self.host.keep(session, call)
+            else:
+                await _close_quietly(session)
+        self.resumable = {}
+
+
+async def _close_quietly(session: Session) -> None:
+    try:
+        await session.close()
+    except Exception:
+        log.exception("closing a session of a departed media process failed")
 
 
 async def serve_engine(engine: Engine, path: str | Path, started: float | None = None) -> None:

@@ -83,6 +83,14 @@ class RemoteEngine:
         number = await self.request("new_session", None, options)
         return RemoteSession(self, number, options)
 
+    async def adopt(self, token: str) -> tuple["RemoteSession", dict[str, Any]] | None:
+        """The session of a call whose media process died, waiting with this resume token (`RemoteSession.
+        resumable`), now this process's; with what that process registered of the call. None: no such call."""
+        adopted = await self.request("adopt", None, token)
+        if adopted is None:
+            return None
+        return RemoteSession(self, adopted["number"], adopted["options"]), adopted["call"]
+
     # ---- requests ---------------------------------------------------------------------------------------------
     def _send(self, record: Any) -> None:
         if self.lost is not None or self._writer is None:
@@ -192,6 +200,11 @@ class RemoteSession:
         """Change voice, instructions or sampling from the next turn on (ValueError here, for bad values)."""
         self.options = replace(self.options, **changes)
         self.engine.notify(self.number, "update", **changes)
+
+    def resumable(self, token: str, window_s: float, call: dict[str, Any]) -> None:
+        """If this process dies, the engine keeps the session `window_s` for another media process to `adopt`
+        with `token`; `call`: what that process needs to know of the call (its id, voice, instructions)."""
+        self.engine.notify(self.number, "resumable", token=token, window_s=window_s, call=call)
 
     async def _request(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self.closed:

@@ -2,7 +2,8 @@
 
 Every request goes on, unchanged, to a media process (processes.py) over its Unix socket; the call's media never
 pass through here. Which one: a request that names a call (its id in the path, a resume token in the offer, a
-client secret as its bearer) goes to the process whose mark ("m2.") the name carries; a new call goes to the
+client secret as its bearer) goes to the process whose mark ("m2.") the name carries, except a resume offer for
+a process that is not ready (it died: another takes the call over from the engine); a new call goes to the
 ready process with the fewest calls; anything else to the next ready one. The front answers the probes itself
 from what the media processes and the engine report (/healthz, /readyz, /capacity) and merges every process's
 /metrics into one page, each series labelled with its `process`. A Realtime WebSocket is relayed frame by frame.
@@ -108,8 +109,9 @@ class Front:
 
     def route(self, request: web.Request, body: bytes) -> MediaProcess:
         process = self.owner(request, body)
-        if process is not None:
+        if process is not None and (process.ready or self.draining or request.path != "/api/offer"):
             return process
+        # (a resume offer whose process died, or is starting again: any ready one takes the call over)
         if (request.method, request.path) in NEW_CALLS:
             if self.engine.lost is not None:
                 raise ApiError(503, "engine_unavailable", self.engine.lost, {"Retry-After": RETRY_AFTER_S})

@@ -83,10 +83,13 @@ class CallSession:
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
                  on_closed: Callable[["CallSession"], None], realtime: bool = False,
-                 end_of_turn: EndOfTurnScorer | None = None, tag: str = "") -> None:
+                 end_of_turn: EndOfTurnScorer | None = None, tag: str = "", moved: bool = False) -> None:
+        """`moved`: the call of a media process that died, its engine session taken over here: the caller is told
+        with an `error` event after `session.created` (the call has a new id and resume token, of this process)."""
         speech = bool(describe.get("speech", True))
         self.id = f"sess_{tag}{secrets.token_urlsafe(9)}"
         self.resume_token = tag + secrets.token_urlsafe(24)
+        self._moved = moved
         self.settings = settings
         self.pc = pc
         self.metrics = metrics
@@ -150,6 +153,11 @@ class CallSession:
         elif self.realtime is None and channel.label == "events":
             self.events.attach(channel, self._guarded(self._on_message))
             self.events.send({"type": "session.created", "session": self.description()})
+            if self._moved:
+                self._moved = False
+                self.events.send(error_event("media_process_failed", "the server process that carried this call "
+                                             "stopped; the call goes on in another with its conversation, under "
+                                             "a new id (the answer in progress was lost)", "server_error"))
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from ..conversation import EngineSession
+from ..engine.remote import RemoteEngine, RemoteSession
 from ..media.ice import rtc_configuration
 from ..media.end_of_turn import installed_scorer
 from ..media.inbound import use_low_latency_audio
@@ -100,10 +101,15 @@ def _answer_response(pc: RTCPeerConnection, session_id: str) -> web.Response:
 
 
 async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
-    """A caller whose connection died comes back: a new peer connection for the same call and conversation."""
+    """A caller whose connection died comes back: a new peer connection for the same call and conversation (here,
+    or, if the media process that had the call died, from the engine session it left waiting)."""
     call = state.sessions.by_resume_token(offer.resume_token or "")
     if call is None:
-        raise ApiError(404, "session_not_found", "no call to resume with this token (it ended, or the window passed)")
+        call = await _adopt_call(state, offer)
+        if call is None:
+            raise ApiError(404, "session_not_found", "no call to resume with this token (it ended, or the window "
+                           "passed)")
+        return _answer_response(call.pc, call.id)
     pc = RTCPeerConnection(rtc_configuration(state.settings.ice_servers))
     track = OutboundAudioTrack()
     call.resume(pc, track)  # before the offer is applied: that is when the caller's tracks arrive
@@ -129,17 +135,53 @@ async def new_engine_session(state: ServerState, voice: str, instructions: str) 
         raise ApiError(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL_S)}, reason="slots") from None
 
 
+async def _adopt_call(state: ServerState, offer: Offer) -> CallSession | None:
+    """The call of a media process that died, if the engine keeps its session for this resume token: it goes on
+    here, under a new id and token of this process (None: no such call)."""
+    if not isinstance(state.engine, RemoteEngine):  # one process: no other process's calls to take over
+        return None
+    try:
+        state.sessions.reserve()
+    except Full:
+        raise ApiError(503, "server_full", f"all {state.sessions.max_sessions} call slots of this process are "
+                       "taken", {"Retry-After": str(RETRY_AFTER_FULL_S)}, reason="slots") from None
+    try:
+        adopted = await state.engine.adopt(offer.resume_token or "")
+        if adopted is None:
+            return None
+        engine_session, was = adopted
+        options = engine_session.options
+        call = await _new_call(state, offer, engine_session, options.voice, options.instructions, moved=True)
+    finally:
+        state.sessions.release()
+    state.sessions.add(call)
+    log.info("call %s taken over from a media process that died (it was %s; %d active)", call.id, was["id"],
+             len(state.sessions))
+    return call
+
+
 async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallSession:
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
     engine_session = await new_engine_session(state, voice, instructions)
+    return await _new_call(state, offer, engine_session, voice, instructions, realtime)
+
+
+async def _new_call(state: ServerState, offer: Offer, engine_session: EngineSession, voice: str, instructions: str,
+                    realtime: bool = False, moved: bool = False) -> CallSession:
+    """A call on `engine_session`, its offer answered. A page's call (not `realtime`: a Realtime client has no use
+    for our resume token) on an engine in another process is left waiting there if this process dies, so that
+    its caller can resume it in another."""
+    settings = state.settings
     vad = await state.vads.acquire()
     end_of_turn = await asyncio.to_thread(installed_scorer, settings.last_words)
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
-                       end_of_turn=end_of_turn, tag=state.tag)
+                       end_of_turn=end_of_turn, tag=state.tag, moved=moved)
+    if isinstance(engine_session, RemoteSession) and not realtime and settings.resume_window_s > 0:
+        engine_session.resumable(call.resume_token, settings.resume_window_s, {"id": call.id})
     try:
         await _answer_offer(pc, offer.sdp, call.track, state.metrics)
     except BaseException:
