@@ -12,7 +12,7 @@ import torch
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from rtc_agent.engine import EngineFullError, graphs
 from rtc_agent.engine.audio_input import AudioRequest
-from rtc_agent.engine.slots import PrefillRequest
+from rtc_agent.engine.slots import PrefillRequest, TokenRequest
 from rtc_agent.engine.talker import TalkerPrefillRequest
 
 TOKENS, FRAMES = 6, 10
@@ -154,12 +154,12 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monk
         alone.append(_answer(run(one_turn(session, audio))))
         run(session.close())
     worker = engine._worker
-    rounds: list[tuple[int, int, int]] = []  # (audio stretches, Thinker prefills, Talker prefills) of each round
+    rounds: list[tuple[int, ...]] = []  # (audio stretches, Thinker prefills, first tokens, Talker prefills) a stage
     run_requests = worker._run_requests
 
     def recording(requests):
         rounds.append(tuple(sum(isinstance(r, kind) for r in requests)
-                            for kind in (AudioRequest, PrefillRequest, TalkerPrefillRequest)))
+                            for kind in (AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest)))
         return run_requests(requests)
 
     worker._run_requests = recording
@@ -182,9 +182,9 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monk
         worker._run_requests = run_requests
         for session in sessions:
             run(session.close())
-    callers = len(audios)  # all three's chunks at once, in each stage; and their answers' Talker prefixes
-    assert {(callers, 0, 0), (0, callers, 0), (0, 0, callers)} <= set(rounds), rounds
-    assert rounds.count((0, 0, callers)) >= 2, rounds
+    callers = len(audios)  # all three's chunks at once, in each stage; their first tokens; their Talker prefixes
+    assert {(callers, 0, 0, 0), (0, callers, 0, 0), (0, 0, callers, 0), (0, 0, 0, callers)} <= set(rounds), rounds
+    assert rounds.count((0, 0, 0, callers)) >= 2, rounds
     assert batched == alone
     assert set(bounds) == chosen, bounds
 

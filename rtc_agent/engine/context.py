@@ -21,8 +21,7 @@ from .graphs import short_prefill_fits, to_device
 from .layout import Piece, TurnLayout
 from .memory import release_cached
 from .options import SessionOptions
-from .sampling import choose
-from .slots import PrefillRequest, Slot
+from .slots import PrefillRequest, Slot, TokenRequest
 from .stack import explicit_positions
 from .talker import TalkerPrefillRequest, UserPart
 from .tools import AnswerCalls, system_text
@@ -545,17 +544,17 @@ class CallContext:
                 pieces.append((yield from self._audio_piece(tail)))
             pieces.append(self.turn.layout.closing(header, typed))
         last, user_part = yield from self._prefill_turn(pieces, trailer=len(header), talker_later=True)
-        logits = self.core.model.thinker.lm_head(last)
         self.segments.append(self.turn.segment)
         self.turn = None
         answer = Answer(self, emit, started, header, self.cache.length - len(header))
+        allowed = None
         if self.options.tools.tools:
             answer.calls = AnswerCalls(self.core.tool_runtime, self.options.tools, self.options.max_answer_tokens,
                                        lambda event: answer.emit(event))
             if (constraint := answer.constraint()) is not None:
-                logits = self.core.pool.masks.apply(logits, self.core.pool.masks.one(constraint))
+                allowed = self.core.pool.masks.one(constraint)
         self.slot.answer = answer
-        token = int(choose(logits, self.options.thinker_sampling, self.generator))
+        token = yield TokenRequest(last, self.options.thinker_sampling, self.generator, allowed)
         answer.add_first_token(token)
         if self.talker is not None and self.options.speech and not answer.calling:
             answer.spoken = True

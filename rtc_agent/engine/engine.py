@@ -28,14 +28,14 @@ from .graphs import to_device
 from .loader import LoadedModel, load
 from .memory import EngineOutOfMemory, MemoryUse, read_memory
 from .options import EngineOptions, SessionOptions
-from .slots import PrefillRequest, Slot, SlotPool, estimated_slot_bytes, slot_count
+from .slots import PrefillRequest, Slot, SlotPool, TokenRequest, estimated_slot_bytes, slot_count
 from .talker import TalkerPrefillRequest
 from .tools import ToolRuntime
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TalkerPrefillRequest)  # a round's stages, in order
+REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest)  # a round's, in order
 PREPARE_AFTER_SILENCE_MS = 160  # a call server prepares the answer after a pause this long (commas pause 96-160 ms)
 
 
@@ -110,13 +110,15 @@ class Engine:
         lm = self.model.thinker.model.language_model
         return self.project_text(lm.embed_tokens(to_device(torch.tensor(ids), self.device)))
 
-    def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest | TalkerPrefillRequest]
-                     ) -> list[Any]:
+    def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest | TokenRequest |
+                                          TalkerPrefillRequest]) -> list[Any]:
         """A stage of the worker's round, results in order: every stretch of audio in one pass of the audio
-        encoder, or every Thinker prefill in one batched step, or every Talker prefill in one (each session has at
-        most one request in a stage; the worker runs them in `REQUEST_STAGES` order)."""
+        encoder, or every Thinker prefill in one batched step, or every answer's first token in one draw, or every
+        Talker prefill in one batched step (each session has at most one request in a stage; the worker runs them
+        in `REQUEST_STAGES` order)."""
         results: list[Any] = [None] * len(requests)
-        kinds = [(audio_input.AudioRequest, self._encode), (PrefillRequest, self.pool.prefill)]
+        kinds = [(audio_input.AudioRequest, self._encode), (PrefillRequest, self.pool.prefill),
+                 (TokenRequest, self.pool.first_tokens)]
         if self.pool.talker is not None:
             kinds.append((TalkerPrefillRequest, self.pool.talker.prefill))
         for kind, run in kinds:

@@ -120,6 +120,20 @@ class PrefillRequest:
     embeds: torch.Tensor  # [1, T, hidden]
 
 
+@dataclass
+class TokenRequest:
+    """The first token of an answer, chosen from the Thinker's hidden state at the end of its prefill (`hidden`
+    [1, hidden] or [1, 1, hidden]) under the session's sampling with its slot's generator; `allowed`: the tokens a
+    function call's grammar lets it start with (`TokenMasks` words [1, words]; None: any). The worker chooses the
+    tokens of every session in a round at once (`SlotPool.first_tokens`: one lm_head, one draw, one read back)
+    and sends back the token id."""
+
+    hidden: torch.Tensor
+    sampling: Sampling
+    generator: torch.Generator
+    allowed: torch.Tensor | None = None
+
+
 class SlotPool:
     def __init__(self, core, count: int) -> None:
         self.core = core
@@ -289,6 +303,14 @@ class SlotPool:
             return [self.thinker_stack(embeds, slot.cache, graph_mode=False)]
         rows = rows_for(max(r.slot.index for r in requests), len(self.slots))
         return self._batched_prefill(rows, [(r.slot.index, r.slot.cache, r.embeds) for r in requests])
+
+    def first_tokens(self, requests: list[TokenRequest]) -> list[int]:
+        """Each request's token, as `choose` picks it for that row alone (`choose_rows`), read back at once."""
+        logits = self.core.model.thinker.lm_head(torch.cat([r.hidden.reshape(1, -1) for r in requests]))
+        for i, request in enumerate(requests):
+            if request.allowed is not None:
+                logits[i:i + 1] = self.masks.apply(logits[i:i + 1], request.allowed)
+        return choose_rows(logits, [r.generator for r in requests], [r.sampling for r in requests]).tolist()
 
     def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool,
                      constraints: dict[int, Constraint] | None = None) -> None:

@@ -35,7 +35,6 @@ from torch.nn.attention import sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .. import context as context_module
 from .. import slots as slots_module
 from .. import talker as talker_module
 from ..engine import Engine
@@ -98,7 +97,7 @@ class _Forced:
     @contextlib.contextmanager
     def imposed(self):
         """Within the block the Thinker's, the Talker's and the code predictor's choices are this object's."""
-        originals = context_module.choose, slots_module.choose, talker_module.choose
+        originals = slots_module.choose, talker_module.choose
 
         def thinker(logits, sampling, *args, **kwargs):
             return self.choose("thinker", logits, sampling)
@@ -106,11 +105,11 @@ class _Forced:
         def talker(logits, sampling, generator=None, seen=None, suppress=None, noise=None, fused=False):
             return self.choose("code0" if seen is not None else "predictor", logits, sampling, seen, suppress)
 
-        context_module.choose, slots_module.choose, talker_module.choose = thinker, thinker, talker
+        slots_module.choose, talker_module.choose = thinker, talker  # (an answer's first token too: first_tokens)
         try:
             yield
         finally:
-            context_module.choose, slots_module.choose, talker_module.choose = originals
+            slots_module.choose, talker_module.choose = originals
 
     def report(self) -> dict:
         result = {}
