@@ -11,15 +11,16 @@ answer closer to its deadline gets the next step first, so a caller listening to
 because another caller started talking, while the callers who are talking still have their audio taken in.
 
 A job may be a generator (a session's turn work, see `CallContext`): it yields requests (audio to encode, a short
-Thinker or Talker prefill). The worker then starts every queued job of the other sessions too, up to their first
-request, and runs all the requests as one round, stage by stage (`run_requests` per stage: one pass of the audio
-encoder, one batched Thinker prefill, one batched Talker prefill); a job whose next request belongs to a later
-stage goes on in the same round. Rounds follow each other until the jobs are done. Eight callers who end their turns
-at the same moment so cost about one turn end's launches and weight reads instead of eight. Within a round, between
-one session's rest of the work and the next (host work: its next request's inputs, an answer's first token), answer
-starts that came meanwhile join, so a prepared answer starts at once; a due step runs before each round, never
-inside one, so that no session's finished request waits for a step behind another's. A session's jobs keep their
-order: a job waits while an earlier one of the same session (its `key`) is in a round.
+Thinker or Talker prefill, an answer's first token). The worker then starts every queued job of the other sessions
+too, up to their first request, and runs all the requests as one round, stage by stage (`run_requests` per stage:
+one pass of the audio encoder, one batched Thinker prefill, one draw of first tokens, one batched Talker prefill);
+a job whose next request belongs to a later stage goes on in the same round. Rounds follow each other until the
+jobs are done. Eight callers who end their turns at the same moment so cost about one turn end's launches and
+weight reads instead of eight. Within a round, between one session's rest of the work and the next (host work:
+its next request's inputs), answer starts that came meanwhile join, so a prepared answer starts at once; a due
+step runs before each round, never inside one, so that no session's finished request waits for a step behind
+another's. A session's jobs keep their order: a job waits while an earlier one of the same session (its `key`) is
+in a round.
 
 `RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
 work, per round and per step to `path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow
