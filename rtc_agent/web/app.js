@@ -980,6 +980,8 @@ class App {
     if (code === "input_audio_buffer_commit_empty") {
       this.showAlert({ title: "Nothing heard", text: "Hold the talk button while you speak, then let go.", kind: "info",
         autoHide: 4000 });
+    } else if (code === "media_process_failed") { // a resumed call, moved to another server process: kept in the log
+      this.addNote(err.message || "The server process of this call stopped; the call goes on in another.");
     } else if (code === "conversation_already_has_active_response") {
       this.showAlert({ title: "The agent is still answering", text: "Wait for the answer, or talk over it.",
         kind: "info", autoHide: 4000 });
