@@ -36,7 +36,7 @@ class _Orphan:
     """A session whose media process died, waiting for its caller to resume the call in another."""
 
     session: Session
-    call: dict[str, Any]  # what the media process registered with `resumable` (token, window_s, call)
+    registered: dict[str, Any]  # what its media process registered with `resumable`: token, window_s, call
     expiry: asyncio.TimerHandle
 
 
@@ -64,12 +64,12 @@ class EngineHost:
             orphan.expiry.cancel()
             await _close_quietly(orphan.session)
 
-    def keep(self, session: Session, call: dict[str, Any]) -> None:
-        """Hold the session of a departed media process for `call["window_s"]` (then close it)."""
-        token = call["token"]
-        expiry = asyncio.get_running_loop().call_later(call["window_s"], self._expire, token)
-        self._orphans[token] = _Orphan(session, call, expiry)
-        log.info("a session of a departed media process waits %g s for its caller to resume", call["window_s"])
+    def keep(self, session: Session, registered: dict[str, Any]) -> None:
+        """Hold the session of a departed media process for `registered["window_s"]` (then close it)."""
+        token, window_s = registered["token"], registered["window_s"]
+        expiry = asyncio.get_running_loop().call_later(window_s, self._expire, token)
+        self._orphans[token] = _Orphan(session, registered, expiry)
+        log.info("a session of a departed media process waits %g s for its caller to resume", window_s)
 
     def adopt(self, token: str) -> _Orphan | None:
         """The orphan with this resume token, no longer waiting (None: no such session)."""
@@ -171,10 +171,14 @@ class _Connection:
             orphan = self.host.adopt(*request.args)
             if orphan is None:
                 return None
-            await orphan.session.abort_turn()  # the new process starts listening afresh
+            try:
+                await orphan.session.abort_turn()  # the new process starts listening afresh
+            except Exception:
+                await _close_quietly(orphan.session)
+                raise
             number = self._add(orphan.session)
-            self.resumable[number] = orphan.call
-            return {"number": number, "options": orphan.session.options, "call": orphan.call["call"]}
+            self.resumable[number] = orphan.registered
+            return {"number": number, "options": orphan.session.options, "call": orphan.registered["call"]}
         session = self.sessions.get(request.session)  # type: ignore[arg-type]
         if session is None:
             raise RuntimeError("this session is closed")
@@ -209,8 +213,8 @@ class _Connection:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         sessions, self.sessions = self.sessions, {}
         for number, session in sessions.items():
-            if (call := self.resumable.get(number)) is not None and call["window_s"] > 0:
-                self.host.keep(session, call)
+            if (registered := self.resumable.get(number)) is not None and registered["window_s"] > 0:
+                self.host.keep(session, registered)
             else:
                 await _close_quietly(session)
         self.resumable = {}

@@ -154,18 +154,30 @@ class Front:
             return ApiError(408, "request_timeout", "the body did not arrive in time").response()
         except web.HTTPRequestEntityTooLarge:
             return ApiError(413, "body_too_large", "the request body is too large").response()
-        try:
-            async with process.client().request(request.method, f"http://media{request.path_qs}",
-                                                headers=_forwarded(request.headers), data=body,
-                                                allow_redirects=False) as r:
-                payload = await r.read()
-                headers = CIMultiDict((k, v) for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP)
-                return web.Response(status=r.status, body=payload, headers=headers)
-        except aiohttp.ClientError as exc:
-            log.warning("media process %s did not answer %s %s: %r", process.mark, request.method, request.path, exc)
-            self.forget(process)
-            return ApiError(502, "media_process_unavailable", "the process that holds this call is not "
-                            "answering; start a new call", {"Retry-After": RETRY_AFTER_S}).response()
+        for tries_left in (1, 0):
+            try:
+                return await self._forward(process, request, body)
+            except aiohttp.ClientError as exc:
+                log.warning("media process %s did not answer %s %s: %r", process.mark, request.method, request.path,
+                            exc)
+                self.forget(process)
+            if not tries_left or (request.method, request.path) not in NEW_CALLS:
+                break
+            try:  # an offer (a new call, or a resume: the engine kept the call) goes to another ready process
+                process = self.route(request, body)
+            except ApiError as exc:
+                return exc.response()
+        return ApiError(502, "media_process_unavailable", "the process that holds this call is not answering; "
+                        "start a new call", {"Retry-After": RETRY_AFTER_S}).response()
+
+    @staticmethod
+    async def _forward(process: MediaProcess, request: web.Request, body: bytes) -> web.Response:
+        async with process.client().request(request.method, f"http://media{request.path_qs}",
+                                            headers=_forwarded(request.headers), data=body,
+                                            allow_redirects=False) as r:
+            payload = await r.read()
+            headers = CIMultiDict((k, v) for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP)
+            return web.Response(status=r.status, body=payload, headers=headers)
 
     async def _relay_websocket(self, request: web.Request, process: MediaProcess) -> web.StreamResponse:
         """A Realtime WebSocket: the client's frames to the media process and back, until either side closes.
