@@ -2,8 +2,8 @@
 front), a real process tree in a private network namespace, with real aiortc callers and the official `openai`
 client: calls through the front land on different media processes; SIGKILL to one media process ends only its own
 calls' connections (the other caller's answer goes on, on time), its caller resumes in a live process with an
-`error` that says so, and a new media process takes its place; a Realtime WebSocket whose process dies gets an `error`; the engine process dying is a 503 for
-everyone and /readyz says why, while the front stays up."""
+`error` that says so, and a new media process takes its place; a Realtime WebSocket whose process dies gets an
+`error`; the engine process dying is a 503 for everyone and /readyz says why, while the front stays up."""
 from __future__ import annotations
 
 import asyncio

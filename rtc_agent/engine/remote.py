@@ -203,7 +203,7 @@ class RemoteSession:
 
     def resumable(self, token: str, window_s: float, call: dict[str, Any]) -> None:
         """If this process dies, the engine keeps the session `window_s` for another media process to `adopt`
-        with `token`; `call`: what that process needs to know of the call (its id, voice, instructions)."""
+        with `token`; `call`: what that process is told of the call (its id, for the log)."""
         self.engine.notify(self.number, "resumable", token=token, window_s=window_s, call=call)
 
     async def _request(self, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -4,7 +4,8 @@ Every request goes on, unchanged, to a media process (processes.py) over its Uni
 pass through here. Which one: a request that names a call (its id in the path, a resume token in the offer, a
 client secret as its bearer) goes to the process whose mark ("m2.") the name carries, except a resume offer for
 a process that is not ready (it died: another takes the call over from the engine); a new call goes to the
-ready process with the fewest calls; anything else to the next ready one. The front answers the probes itself
+ready process with the fewest calls; anything else to the next ready one. An offer whose process does not answer
+is tried once more on another ready one. The front answers the probes itself
 from what the media processes and the engine report (/healthz, /readyz, /capacity) and merges every process's
 /metrics into one page, each series labelled with its `process`. A Realtime WebSocket is relayed frame by frame.
 """
