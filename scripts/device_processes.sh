@@ -76,7 +76,7 @@ import json, sys
 for c in json.load(open(sys.argv[1]))["callers"]:
     s = c["summary"]
     print(c["session_id"], (c["failure"] or {}).get("code"), "answered", s["answered"], "late", s["frames_late"],
-          "heard", s["heard_ms"]["p50"])
+          "heard", s["heard_ms"]["p50"], "resumed", c.get("resumes"))
 PY
 fi
 if [ "$part" = 2 ]; then

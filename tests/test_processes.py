@@ -2,13 +2,16 @@
 front), a real process tree in a private network namespace, with real aiortc callers and the official `openai`
 client: calls through the front land on different media processes; SIGKILL to one media process ends only its own
 calls' connections (the other caller's answer goes on, on time), its caller resumes in a live process with an
-`error` that says so, and a new media process takes its place; a Realtime WebSocket whose process dies gets an
-`error`; the engine process dying is a 503 for everyone and /readyz says why, while the front stays up."""
+`error` that says so (so does a caller of `rtc-agent loadtest`, on its own), and a new media process takes its
+place; a Realtime WebSocket whose process dies gets an `error`; the engine process dying is a 503 for everyone
+and /readyz says why, while the front stays up."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +24,7 @@ from rtc_agent.client.peer import Call, CallError
 
 from netns_support import needs_namespaces, private_network, start, stop
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import audio_offer, caller, metrics_text, needs_espeak, run, say
+from rtc_support import SENTENCE, audio_offer, caller, metrics_text, needs_espeak, run, say
 from test_realtime_openai import Recorder, clients, speak
 
 PORT = 8080
@@ -157,5 +160,40 @@ def test_a_websocket_gets_an_error_when_its_process_dies_and_the_engine_dying_is
         finally:
             stop(proc, signal.SIGINT)
         assert proc.returncode == 0, (tmp_path / "serve.log").read_text()[-3000:]
+
+    run(main(), timeout_s=280)
+
+
+def test_a_load_test_caller_whose_media_process_dies_resumes_in_another(tmp_path: Path) -> None:
+    """`rtc-agent loadtest` (a subprocess, two callers, two turns each): SIGKILL to a media process with a call in
+    its first turn; that caller notices the dead connection, resumes in a live process (the `error` it gets
+    recorded), says the lost turn again and gets every answer."""
+    async def main() -> None:
+        private_network()
+        proc = serve(tmp_path)
+        try:
+            await until_ready(proc, tmp_path / "serve.log")
+            wav = tmp_path / "speech.wav"
+            subprocess.run(["espeak-ng", "-w", str(wav), SENTENCE], check=True, capture_output=True)
+            tester = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "rtc_agent.cli", "loadtest", URL, "--ice-host-address", "127.0.0.1",
+                "--callers", "2", "--turns", "2", "--wav", str(wav), "--json",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            deadline = time.monotonic() + 60
+            while (await get("/readyz"))[1].get("active", 0) < 2:
+                assert time.monotonic() < deadline and tester.returncode is None
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)
+            victim = next(p for p in (await get("/readyz"))[1]["media_processes"] if p["calls"])
+            os.kill(victim["pid"], signal.SIGKILL)
+            out, err = await asyncio.wait_for(tester.communicate(), 150)
+            assert tester.returncode == 0, err.decode()[-3000:]
+            report = json.loads(out)
+            assert report["overall"]["failures"] == {} and report["overall"]["resumed"] == 1, report["overall"]
+            [moved] = [c for c in report["callers"] if c["resumes"]]
+            assert moved["resumes"][0]["errors"] == ["media_process_failed"], moved["resumes"]
+            assert moved["summary"]["answered"] == moved["summary"]["turns"] == 2, moved["summary"]
+        finally:
+            stop(proc, signal.SIGINT)
 
     run(main(), timeout_s=280)

@@ -39,6 +39,8 @@ READY_POLL_S = 0.5
 MEDIA_START_S = 10.0  # from connected to the microphone's first packet
 PROCESS_START_S = 60.0  # for every client process to be ready (imports), before the callers start together
 CALLERS_PER_PROCESS = 4
+LOST_S = 4.0  # no packet from the server for this long: the connection is lost (the page decides the same way)
+RESUME_RETRY_S = 1.0  # between two resume offers
 log = logging.getLogger(__name__)
 
 
@@ -192,14 +194,14 @@ async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spa
     """One caller from dialling to hanging up. Its failures end up in its result, never in another caller's."""
     await asyncio.sleep(delay_s)
     result: dict[str, Any] = {"caller": index, "pid": os.getpid(), "session_id": None, "started_s": round(delay_s, 3),
-                              "connected_ms": None, "attempts": None, "turns": [], "failure": None}
+                              "connected_ms": None, "attempts": None, "turns": [], "resumes": [], "failure": None}
     call: Call | None = None
     try:
         started = time.monotonic()
         call, mic, result["attempts"] = await dial(url, retry_s=settings.retry_s, **call_kwargs)
         result["session_id"] = call.session_id
         result["connected_ms"] = round((time.monotonic() - started) * 1000, 1)
-        result["failure"] = await _converse(call, mic, samples, spans, settings, result["turns"])
+        result["failure"] = await _converse(call, mic, samples, spans, settings, result["turns"], result["resumes"])
     except CallError as exc:
         result["failure"] = {"code": exc.code, "status": exc.status, "message": exc.message,
                              "retry_after_s": exc.retry_after_s, "reason": exc.reason}
@@ -217,32 +219,40 @@ async def _caller(index: int, delay_s: float, url: str, samples: np.ndarray, spa
 
 
 async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: list[tuple[int, int]],
-                    settings: LoadSettings, turns: list[dict[str, Any]]) -> dict[str, Any] | None:
+                    settings: LoadSettings, turns: list[dict[str, Any]], resumes: list[dict[str, Any]]
+                    ) -> dict[str, Any] | None:
     """Says each utterance `settings.turns` times, each after the answer to the one before has ended; fills
-    `turns`. Returns the failure that stopped the caller (None: every turn got an answer)."""
+    `turns`. A connection lost mid-turn is resumed (`resumes`), as the page does, and that turn said again.
+    Returns the failure that stopped the caller (None: every turn got an answer)."""
     await _until(lambda: mic.started_at is not None or connection_gone(call), MEDIA_START_S)
     if mic.started_at is None:
         return {"code": "no_media", "message": f"no audio went out within {MEDIA_START_S:g} s of connecting"}
     failure = None
     said: list[tuple[float, float]] = []  # (speech start, speech end) of each utterance, time.monotonic()
     mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))
-    for turn in range(settings.turns * len(spans)):
+    turn = 0
+    while turn < settings.turns * len(spans):
         start, end = spans[turn % len(spans)]
         answered = len(call.events_of("response.done"))
         at = mic.play(samples[start:end])
         said.append((mic.time_at(at), mic.time_at(at + end - start)))
         speech_end = said[-1][1]
-        await _until(lambda: len(call.events_of("response.done")) > answered or connection_gone(call)
+        await _until(lambda: len(call.events_of("response.done")) > answered or connection_lost(call)
                      or time.monotonic() - latest_answer_packet(call.audio, speech_end) > settings.max_wait_s,
                      math.inf)  # (the answer has ended, or it has not and none streamed for max_wait_s)
-        if connection_gone(call):
-            failure = {"code": "connection_lost", "message": f"the connection closed during turn {turn + 1}"}
-            break
+        if len(call.events_of("response.done")) == answered and connection_lost(call):
+            if not await _resume(call, mic, turn, resumes):
+                failure = {"code": "connection_lost", "message": f"the connection was lost during turn {turn + 1} "
+                                                                 "and could not be resumed"}
+                break
+            said.pop()  # lost with the connection: said again on the new one
+            continue
         if len(call.events_of("response.done")) == answered:
             failure = {"code": "no_answer", "message": f"turn {turn + 1}: no answer ended, and none streamed for "
                                                       f"{settings.max_wait_s:g} s after the speech"}
             break
-        if turn + 1 < settings.turns * len(spans):
+        turn += 1
+        if turn < settings.turns * len(spans):
             await asyncio.sleep(PAUSE_S)
     await asyncio.sleep(TAIL_S)
     dones = [m["response"] for m in call.events_of("response.done")]
@@ -250,6 +260,38 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         next_at = said[i + 1][0] if i + 1 < len(said) else float("inf")
         turns.append(turn_report(call, end_at, next_at, dones[i] if i < len(dones) else None, settings.gap_s))
     return failure
+
+
+def connection_lost(call: Call) -> bool:
+    """The connection failed or closed, or nothing came from the server for `LOST_S` (it sends silence between
+    answers, so a quiet connection is a dead one)."""
+    return connection_gone(call) or bool(call.audio.times and time.monotonic() - call.audio.times[-1] > LOST_S)
+
+
+async def _resume(call: Call, mic: Microphone, turn: int, resumes: list[dict[str, Any]]) -> bool:
+    """Offers again with the call's resume token until a server process takes the call, within the resume window
+    that `session.created` gave; records it in `resumes` (with the `error` the server sent after, if any)."""
+    created = call.events_of("session.created")
+    window_s = float(created[-1]["session"].get("resume", {}).get("window_s", 0)) if created else 0.0
+    if not call.resume_token or window_s <= 0:
+        return False
+    lost_at, session_id, errors = time.monotonic(), call.session_id, len(call.events_of("error"))
+    attempts = 0
+    while time.monotonic() - lost_at < window_s - RESUME_RETRY_S:
+        attempts += 1
+        try:
+            await call.resume(mic)
+        except (CallError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, CallError) and exc.status < 500:  # 404: the server no longer has the call
+                return False
+            await asyncio.sleep(RESUME_RETRY_S)
+            continue
+        await asyncio.sleep(0.5)  # (what the server says right after session.created)
+        resumes.append({"turn": turn + 1, "ms": round((time.monotonic() - lost_at) * 1000, 1), "attempts": attempts,
+                        "from": session_id, "to": call.session_id,
+                        "errors": [m["error"]["code"] for m in call.events_of("error")[errors:]]})
+        return True
+    return False
 
 
 def latest_answer_packet(audio: ReceivedAudio, since: float) -> float:
@@ -315,6 +357,7 @@ def summary(callers: list[dict[str, Any]], loop_lag_ms: float) -> dict[str, Any]
             failures[c["failure"]["code"]] = failures.get(c["failure"]["code"], 0) + 1
     return {"callers": len(callers), "connected": sum(1 for c in callers if c["session_id"]),
             "failed": sum(1 for c in callers if c["failure"]), "failures": failures,
+            "resumed": sum(1 for c in callers if c.get("resumes")),
             **caller_summary([t for c in callers for t in c["turns"]]),
             "client_loop_lag_ms_max": round(loop_lag_ms, 1)}
 
@@ -352,8 +395,9 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     o = report["overall"]
     h, t, e = o["heard_ms"], o["server_ttfp_ms"], o["engine_ttfp_ms"]
     why = ", ".join(f"{n} {code}" for code, n in o["failures"].items())
-    print(f"overall: {o['connected']}/{o['callers']} connected, {o['failed']} failed{f' ({why})' if why else ''}; "
-          f"{o['answered']}/{o['turns']} turns answered")
+    resumed = f", {o['resumed']} resumed a lost connection" if o.get("resumed") else ""
+    print(f"overall: {o['connected']}/{o['callers']} connected, {o['failed']} failed{f' ({why})' if why else ''}"
+          f"{resumed}; {o['answered']}/{o['turns']} turns answered")
     print(f"  heard latency (end of speech -> first answer audio): P50 {h['p50']} ms, P90 {h['p90']} ms, "
           f"max {h['max']} ms over {h['n']} turns")
     print(f"  server ttfp_ms (turn end -> first packet): P50 {t['p50']}, P90 {t['p90']}, max {t['max']}; "
