@@ -467,6 +467,7 @@ class Conversation:
             out.update(probability=None if semantic.probability is None else round(semantic.probability, 3),
                        eagerness=self.turn.eagerness, decisions=len(semantic.decisions),
                        decision_cpu_ms=[d.cost_ms for d in semantic.decisions],
+                       decision_threads=[d.threads for d in semantic.decisions],
                        checked_at_ms=semantic.checked_at_ms, verdict_ms=semantic.verdict_ms)
             words = semantic.words
             if words is not None:  # the last words, where a recogniser heard them

@@ -83,7 +83,7 @@ async def speak(call: Call, mic: Microphone, sentence: Sentence) -> dict[str, An
         "kind": sentence.kind, "text": sentence.text, "id": sentence.id, "voice": sentence.voice,
         "probability": eot.get("probability"),
         "wait_ms": eot.get("wait_ms"), "decisions": eot.get("decisions"),
-        "decision_cpu_ms": eot.get("decision_cpu_ms", []),
+        "decision_cpu_ms": eot.get("decision_cpu_ms", []), "decision_threads": eot.get("decision_threads", []),
         "heard_ms": None if heard is None else round((heard - t_end) * 1000),
         "cut_in": cut_in, "answered_after_end": final_commit is not None,
         "server_ttfp_ms": (final or {}).get("metrics", {}).get("ttfp_ms"),
@@ -147,12 +147,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         heard = [r["heard_ms"] for r in rs if r["heard_ms"] is not None and not r["cut_in"]]
         costs = [c for r in rs for c in r["decision_cpu_ms"]]
+        wide = sum(n > 1 for r in rs for n in r["decision_threads"])
         out[kind] = {
             "n": len(rs), "heard_p50_ms": pct(heard, 50), "heard_p90_ms": pct(heard, 90),
             "wait_p50_ms": pct([r["wait_ms"] for r in rs if r["wait_ms"] is not None], 50),
             "cut_in": sum(r["cut_in"] for r in rs), "not_cut_share": 1 - sum(r["cut_in"] for r in rs) / len(rs),
             "answered_after_end": sum(r["answered_after_end"] for r in rs),
-            "decision_cpu_ms_p50": pct(costs, 50), "decision_cpu_ms_p90": pct(costs, 90),
+            "decision_cpu_ms_p50": pct(costs, 50), "decision_cpu_ms_p90": pct(costs, 90), "decisions_wide": wide,
             "decisions_per_turn": statistics.mean(r["decisions"] or 0 for r in rs) if costs else None,
             "breakdown_p50_ms": breakdown([r for r in rs if r["heard_ms"] is not None and not r["cut_in"]]),
         }
@@ -199,7 +200,9 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"- {kind}s ({s['n']}): heard P50 {fmt(s['heard_p50_ms'])} ms, P90 {fmt(s['heard_p90_ms'])} ms "
                          f"(not cut in); wait P50 {fmt(s['wait_p50_ms'])} ms; not cut in: {s['n'] - s['cut_in']}/{s['n']}"
                          f"; answered after the real end: {s['answered_after_end']}/{s['n']}; end-of-turn model "
-                         f"{fmt(s['decision_cpu_ms_p50'])} ms CPU a decision (P90 {fmt(s['decision_cpu_ms_p90'])}), "
+                         f"{fmt(s['decision_cpu_ms_p50'])} ms CPU a decision on its scoring thread (P90 "
+                         f"{fmt(s['decision_cpu_ms_p90'])}; {s['decisions_wide']} of them on two threads, the "
+                         "second's CPU not counted), "
                          f"{fmt(s['decisions_per_turn'])} decisions a turn; P50 parts: "
                          + ", ".join(f"{k} {fmt(v)}" for k, v in s["breakdown_p50_ms"].items()))
         lines.append("")

@@ -3,8 +3,10 @@ mid-sentence pause does not end the turn, barge-in, and session.update switching
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,8 @@ import pytest
 
 from rtc_agent.client.microphone import RATE, load_audio
 from rtc_agent.config import TurnSettings, build_settings
-from rtc_agent.media.end_of_turn import EAGERNESS, SemanticTurn, shared_scorer
+from rtc_agent.media.end_of_turn import (EAGERNESS, WIDE_THREADS, EndOfTurnModel, EndOfTurnScorer, SemanticTurn,
+                                         shared_scorer)
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
@@ -59,6 +62,28 @@ def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pau
     cut = scorer.score_now(paused[:start + 16 * 160])  # 160 ms into the mid-sentence break
     assert complete.probability > 0.8 and cut.probability < 0.3, (complete, cut)
     assert complete.cost_ms > 0
+
+
+def test_a_lone_decision_runs_on_two_threads_with_the_same_verdict_and_two_at_once_on_one_each() -> None:
+    model = EndOfTurnModel()
+    audio = ssml_speech(*PAUSED, rate=16_000)
+    assert model(audio, WIDE_THREADS) == model(audio, 1)
+    inside = threading.Barrier(2, timeout=30)
+    threads: list[int] = []
+
+    def meeting(samples: np.ndarray, count: int) -> float:  # the real model, once both decisions are in it
+        threads.append(count)
+        inside.wait()
+        return model(samples, count)
+
+    scorer = EndOfTurnScorer(meeting)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(scorer.score_now, [audio, audio]))
+    assert sorted(threads) == [1, WIDE_THREADS] and sorted(d.threads for d in both) == [1, WIDE_THREADS]
+    assert both[0].probability == both[1].probability
+    inside = threading.Barrier(1)
+    alone = scorer.score_now(audio)
+    assert alone.threads == WIDE_THREADS and alone.probability == both[0].probability and alone.cost_ms > 0
 
 
 def test_session_update_switches_turn_detection_and_rejects_bad_values() -> None:

@@ -82,7 +82,7 @@ class _Fixed:
     def __init__(self, p: float) -> None:
         self.p = p
 
-    def __call__(self, audio: np.ndarray) -> float:
+    def __call__(self, audio: np.ndarray, threads: int = 1) -> float:
         return self.p
 
 

@@ -14,7 +14,8 @@ P(a sentence ends there)): a turn whose words are unfinished ("a table for") is 
 verdicts, and one whose words could end a sentence is ended by them at a lower P(complete)
 (`Eagerness.finished_threshold`).
 
-Scoring runs on a small thread pool (onnxruntime with one thread per decision), never on the event loop.
+Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
+for a decision that runs alone in its process (WIDE_THREADS).
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ WINDOW_S = 8  # the model sees the last 8 s of the turn
 MODEL_FILE = ("audio", "turn", "smart_turn", "data", "smart-turn-v3.2-cpu.onnx")  # inside the pipecat package
 INSTALL_HINT = "pip install pipecat-ai==1.14.0 (a dependency of rtc-agent: its wheel carries the file)"
 SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxruntime thread each
+# A decision while no other runs in the process splits the model over two threads: on the H200 host's cores the
+# model takes 60 ms on one thread and 34 on two (71 ms of CPU in all), and a lone caller's verdict came 20 ms
+# sooner (docs/PERFORMANCE.md, nineteenth session); decisions that meet another keep to one thread each.
+WIDE_THREADS = 2
 
 
 class EndOfTurnUnavailable(RuntimeError):
@@ -58,31 +63,39 @@ class EndOfTurnModel:
     """P(turn complete) for the audio of a turn so far (16 kHz mono float32). Thread-safe."""
 
     def __init__(self, path: Path | None = None) -> None:
-        import onnxruntime as ort
         from transformers import WhisperFeatureExtractor
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self._session = ort.InferenceSession(str(path or model_path()), sess_options=options,
-                                             providers=["CPUExecutionProvider"])
+        path = path or model_path()
+        self._sessions = {threads: _session(path, threads) for threads in (1, WIDE_THREADS)}
         self._features = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=WINDOW_S)
 
-    def __call__(self, audio: np.ndarray) -> float:
+    def __call__(self, audio: np.ndarray, threads: int = 1) -> float:
+        """`threads`: 1, or WIDE_THREADS (onnxruntime splits the model's work over that many threads)."""
         window = RATE * WINDOW_S
         audio = np.asarray(audio, np.float32)[-window:]
         audio = np.pad(audio, (window - len(audio), 0))  # the model was trained with padding in front
         features = self._features(audio, sampling_rate=RATE, return_tensors="np", padding="max_length",
                                   max_length=window, truncation=True, do_normalize=True).input_features
-        (out,) = self._session.run(None, {"input_features": features.astype(np.float32)})
+        (out,) = self._sessions[threads].run(None, {"input_features": features.astype(np.float32)})
         return float(np.asarray(out).reshape(-1)[0])
+
+
+def _session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # no core kept busy between decisions
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
     probability: float
-    cost_ms: float  # CPU time of this decision on its thread (features + model)
+    cost_ms: float  # CPU time of this decision on its scoring thread (features + model)
+    threads: int = 1  # onnxruntime threads it ran on (the other's CPU time is not in cost_ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,21 +114,30 @@ class EndOfTurnScorer:
     """The process's end-of-turn model, its recogniser of the last words (None: not installed) and the threads
     they run on, shared by every call."""
 
-    def __init__(self, model: Callable[[np.ndarray], float],
+    def __init__(self, model: Callable[[np.ndarray, int], float],
                  hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None) -> None:
         """`hear`: a turn's audio -> (its words, P(a sentence ends there)), as last_words.LastWords."""
         self._model = model
         self._hear = hear
         self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn")
+        self._lock = threading.Lock()
+        self._running = 0  # decisions on their way in this process
 
     @property
     def hears_words(self) -> bool:
         return self._hear is not None
 
     def score_now(self, audio: np.ndarray) -> Decision:
-        started = time.thread_time()
-        p = self._model(audio)
-        return Decision(p, round((time.thread_time() - started) * 1000, 2))
+        with self._lock:
+            threads = WIDE_THREADS if self._running == 0 else 1
+            self._running += 1
+        try:
+            started = time.thread_time()
+            p = self._model(audio, threads)
+            return Decision(p, round((time.thread_time() - started) * 1000, 2), threads)
+        finally:
+            with self._lock:
+                self._running -= 1
 
     async def score(self, audio: np.ndarray) -> Decision:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.score_now, audio)
