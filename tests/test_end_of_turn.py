@@ -64,7 +64,7 @@ def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pau
     assert complete.cost_ms > 0
 
 
-def test_a_lone_decision_runs_on_two_threads_with_the_same_verdict_and_two_at_once_on_one_each() -> None:
+def test_the_only_calls_lone_decision_runs_on_two_threads_with_the_same_verdict_others_on_one() -> None:
     model = EndOfTurnModel()
     audio = ssml_speech(*PAUSED, rate=16_000)
     assert model(audio, WIDE_THREADS) == model(audio, 1)
@@ -77,13 +77,20 @@ def test_a_lone_decision_runs_on_two_threads_with_the_same_verdict_and_two_at_on
         return model(samples, count)
 
     scorer = EndOfTurnScorer(meeting)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two decisions at once: one on two threads
         both = list(pool.map(scorer.score_now, [audio, audio]))
     assert sorted(threads) == [1, WIDE_THREADS] and sorted(d.threads for d in both) == [1, WIDE_THREADS]
     assert both[0].probability == both[1].probability
     inside = threading.Barrier(1)
     alone = scorer.score_now(audio)
     assert alone.threads == WIDE_THREADS and alone.probability == both[0].probability and alone.cost_ms > 0
+    calls = [SemanticTurn(scorer, EAGERNESS["auto"], lambda: None) for _ in range(2)]
+    assert scorer.calls == 2 and scorer.score_now(audio).threads == 1  # two calls in the process: one thread
+    calls[1].close()
+    calls[1].close()
+    assert scorer.calls == 1 and scorer.score_now(audio).threads == WIDE_THREADS
+    calls[0].close()
+    assert scorer.calls == 0
 
 
 def test_session_update_switches_turn_detection_and_rejects_bad_values() -> None:

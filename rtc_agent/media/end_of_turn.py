@@ -15,7 +15,7 @@ verdicts, and one whose words could end a sentence is ended by them at a lower P
 (`Eagerness.finished_threshold`).
 
 Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
-for a decision that runs alone in its process (WIDE_THREADS).
+for the decision of a process's only call (WIDE_THREADS).
 """
 from __future__ import annotations
 
@@ -39,9 +39,11 @@ WINDOW_S = 8  # the model sees the last 8 s of the turn
 MODEL_FILE = ("audio", "turn", "smart_turn", "data", "smart-turn-v3.2-cpu.onnx")  # inside the pipecat package
 INSTALL_HINT = "pip install pipecat-ai==1.14.0 (a dependency of rtc-agent: its wheel carries the file)"
 SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxruntime thread each
-# A decision while no other runs in the process splits the model over two threads: on the H200 host's cores the
-# model takes 60 ms on one thread and 34 on two (71 ms of CPU in all), and a lone caller's verdict came 20 ms
-# sooner (docs/PERFORMANCE.md, nineteenth session); decisions that meet another keep to one thread each.
+# The decision of a media process's only call, while no other decision runs there, splits the model over two
+# threads: on the H200 host's cores the model takes 60 ms on one thread and 34 on two (71 ms of CPU in all), and a
+# lone caller's verdict came 20 ms sooner, 8 callers' (one a process) 30 ms (docs/PERFORMANCE.md, nineteenth
+# session). With more calls a process the host's cores are the limit when their turns end together (16 callers on
+# 16 cores had slower verdicts with two threads), so they keep to one thread each.
 WIDE_THREADS = 2
 
 
@@ -122,6 +124,7 @@ class EndOfTurnScorer:
         self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn")
         self._lock = threading.Lock()
         self._running = 0  # decisions on their way in this process
+        self.calls = 0  # calls whose turns it scores (SemanticTurn)
 
     @property
     def hears_words(self) -> bool:
@@ -129,7 +132,7 @@ class EndOfTurnScorer:
 
     def score_now(self, audio: np.ndarray) -> Decision:
         with self._lock:
-            threads = WIDE_THREADS if self._running == 0 else 1
+            threads = WIDE_THREADS if self._running == 0 and self.calls <= 1 else 1
             self._running += 1
         try:
             started = time.thread_time()
@@ -277,6 +280,8 @@ class SemanticTurn:
 
     def __init__(self, scorer: EndOfTurnScorer, eagerness: Eagerness, on_complete: Callable[[], None]) -> None:
         self.scorer = scorer
+        scorer.calls += 1
+        self._closed = False
         self.eagerness = eagerness
         self._on_complete = on_complete
         self._audio: list[np.ndarray] = []
@@ -328,6 +333,9 @@ class SemanticTurn:
 
     def close(self) -> None:
         self.stop()
+        if not self._closed:
+            self._closed = True
+            self.scorer.calls -= 1
         for task in list(self._tasks):
             task.cancel()
 
