@@ -12,6 +12,7 @@ import torch
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from rtc_agent.engine import EngineFullError, graphs
 from rtc_agent.engine.audio_input import AudioRequest
+from rtc_agent.engine.options import SessionOptions
 from rtc_agent.engine.slots import PrefillRequest, TokenRequest
 from rtc_agent.engine.talker import TalkerPrefillRequest
 
@@ -129,12 +130,15 @@ def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():
     assert engine.pool.free == len(engine.pool)
 
 
-@pytest.mark.parametrize("key_bounds, chosen", [(graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}),
-                                                ((24, 48, 96), {48, 96, None})])
-def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monkeypatch, key_bounds, chosen):
+@pytest.mark.parametrize("key_bounds, chosen, sampled", [(graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}, False),
+                                                         ((24, 48, 96), {48, 96, None}, False),
+                                                         (graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}, True)])
+def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monkeypatch, key_bounds, chosen,
+                                                                            sampled):
     """Three callers whose audio chunks and turn ends reach the worker at the same moment: their audio is encoded
-    in one pass and their Thinker and Talker prefills run as batched steps (rows at different cache lengths), and
-    each answer equals the one made alone. The batched steps attend over the fewest keys that hold their rows'
+    in one pass and their Thinker and Talker prefills run as batched steps (rows at different cache lengths), their
+    first tokens and first codes 0 are drawn together, and each answer equals the one made alone (greedy, or
+    `sampled` with each session's own seed). The batched steps attend over the fewest keys that hold their rows'
     new positions (`graphs.KEY_BOUNDS`); with small bounds, the contexts outgrow them during the turns."""
     monkeypatch.setattr(graphs, "KEY_BOUNDS", key_bounds)
     engine = engine_for(prefill_chunk_s=0.5)
@@ -148,9 +152,15 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monk
 
         monkeypatch.setattr(batched_prefill, "_bounded", recording)
     audios = [caller_audio(1.7, seed=6), caller_audio(1.1, seed=7), caller_audio(2.3, seed=8)]
+
+    def options(caller: int) -> SessionOptions:
+        if sampled:
+            return SessionOptions(seed=caller, max_answer_tokens=TOKENS, max_frames=FRAMES)
+        return greedy(max_answer_tokens=TOKENS, max_frames=FRAMES)
+
     alone = []
-    for audio in audios:
-        session = engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES))
+    for caller, audio in enumerate(audios):
+        session = engine.new_session(options(caller))
         alone.append(_answer(run(one_turn(session, audio))))
         run(session.close())
     worker = engine._worker
@@ -163,7 +173,7 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monk
         return run_requests(requests)
 
     worker._run_requests = recording
-    sessions = [engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=FRAMES)) for _ in audios]
+    sessions = [engine.new_session(options(caller)) for caller in range(len(audios))]
     try:
         async def together():
             for session in sessions:  # (each call's first job makes its context: out of the way first)

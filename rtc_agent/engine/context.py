@@ -554,15 +554,18 @@ class CallContext:
             if (constraint := answer.constraint()) is not None:
                 allowed = self.core.pool.masks.one(constraint)
         self.slot.answer = answer
-        token = yield TokenRequest(last, self.options.thinker_sampling, self.generator, allowed)
-        answer.add_first_token(token)
-        if self.talker is not None and self.options.speech and not answer.calling:
+        speaks = self.talker is not None and self.options.speech
+        first = yield TokenRequest(last, self.options.thinker_sampling, self.generator, allowed,
+                                   header if speaks else None)
+        answer.add_first_token(first.token)
+        if speaks and not answer.calling:
             answer.spoken = True
             answer.thinker_done = answer.thinker_done or len(answer.tokens) >= self.options.max_answer_tokens
             side = self.core.pool.side_stream
             if side is not None:  # the Thinker's side-stream steps come after its prefill on this stream
                 side.wait_stream(torch.cuda.current_stream())
-            yield from self.talker.start_answer(self.core.text_input([header]), self.core.text_input([[token]]),
+            text = first.talker_text
+            yield from self.talker.start_answer(text[:, :len(header)], text[:, len(header):],
                                                 self.core.tts, self.core.speaker_id(self.options.voice),
                                                 self.options.talker_sampling, self.generator, user_part)
             answer.speaking = True

@@ -126,12 +126,23 @@ class TokenRequest:
     [1, hidden] or [1, 1, hidden]) under the session's sampling with its slot's generator; `allowed`: the tokens a
     function call's grammar lets it start with (`TokenMasks` words [1, words]; None: any). The worker chooses the
     tokens of every session in a round at once (`SlotPool.first_tokens`: one lm_head, one draw, one read back)
-    and sends back the token id."""
+    and sends back a `FirstToken`."""
 
     hidden: torch.Tensor
     sampling: Sampling
     generator: torch.Generator
     allowed: torch.Tensor | None = None
+    header: list[int] | None = None  # the assistant header's ids, where the Talker may speak the answer
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """What `SlotPool.first_tokens` sends back for a `TokenRequest`: the token and, for a request with a `header`,
+    the Talker's text input of the header and the token [1, len(header) + 1, hidden] (projected with the other
+    requests' in one pass, on the device)."""
+
+    token: int
+    talker_text: torch.Tensor | None
 
 
 class SlotPool:
@@ -304,13 +315,24 @@ class SlotPool:
         rows = rows_for(max(r.slot.index for r in requests), len(self.slots))
         return self._batched_prefill(rows, [(r.slot.index, r.slot.cache, r.embeds) for r in requests])
 
-    def first_tokens(self, requests: list[TokenRequest]) -> list[int]:
-        """Each request's token, as `choose` picks it for that row alone (`choose_rows`), read back at once."""
+    def first_tokens(self, requests: list[TokenRequest]) -> list[FirstToken]:
+        """Each request's token, as `choose` picks it for that row alone (`choose_rows`), read back at once; the
+        Talker's text inputs of the requests with a header, queued before that read back."""
         logits = self.core.model.thinker.lm_head(torch.cat([r.hidden.reshape(1, -1) for r in requests]))
         for i, request in enumerate(requests):
             if request.allowed is not None:
                 logits[i:i + 1] = self.masks.apply(logits[i:i + 1], request.allowed)
-        return choose_rows(logits, [r.generator for r in requests], [r.sampling for r in requests]).tolist()
+        tokens = choose_rows(logits, [r.generator for r in requests], [r.sampling for r in requests])
+        speaking = [i for i, r in enumerate(requests) if r.header is not None]
+        texts: dict[int, torch.Tensor] = {}
+        if speaking:  # (every answer's header is the same: the assistant's)
+            header = to_device(torch.tensor([requests[speaking[0]].header]), tokens.device)
+            chosen = tokens if len(speaking) == len(requests) else tokens.index_select(
+                0, to_device(torch.tensor(speaking), tokens.device))
+            ids = torch.cat((header.expand(len(speaking), -1), chosen[:, None]), dim=1)
+            projected = self.core.project_text(self.core.model.thinker.model.language_model.embed_tokens(ids))
+            texts = {i: projected[n:n + 1] for n, i in enumerate(speaking)}
+        return [FirstToken(token, texts.get(i)) for i, token in enumerate(tokens.tolist())]
 
     def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool,
                      constraints: dict[int, Constraint] | None = None) -> None:

@@ -4,7 +4,7 @@ parts each slot keeps across turns, and one frame per step for a batch of slots 
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -25,6 +25,15 @@ class TalkerPrefillRequest:
 
     row: "TalkerRow"
     embeds: torch.Tensor  # [1, T, hidden]
+    draw: "CodeDraw | None" = None  # an answer's prefix: its first code 0 is chosen after it (`Talker.first_codes`)
+
+
+@dataclass(frozen=True)
+class CodeDraw:
+    """How an answer's first code 0 is drawn: its Talker sampling settings and its session's generator."""
+
+    sampling: Sampling
+    generator: torch.Generator
 
 
 TalkerPrefilling = Generator[TalkerPrefillRequest, tuple[torch.Tensor, torch.Tensor], None]
@@ -91,11 +100,43 @@ class Talker:
 
     def prefill(self, requests: list[TalkerPrefillRequest]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Run short Talker prefills of distinct slots; returns each one's (hidden, logits) [1, T, ...]. One runs
-        alone (its row's graph, or eagerly on the CPU); several as one batched step over the first rows."""
+        alone (its row's graph, or eagerly on the CPU); several as one batched step over the first rows. The
+        answers' first codes 0 are then drawn together."""
         if len(requests) == 1:
-            return [requests[0].row.run(requests[0].embeds)]
-        rows = rows_for(max(r.row.index for r in requests), len(self.rows))
-        return self._batched_prefill(rows, [(r.row.index, r.row.cache, r.embeds) for r in requests])
+            results = [requests[0].row.run(requests[0].embeds)]
+        else:
+            rows = rows_for(max(r.row.index for r in requests), len(self.rows))
+            results = self._batched_prefill(rows, [(r.row.index, r.row.cache, r.embeds) for r in requests])
+        drawn = [(r, result) for r, result in zip(requests, results) if r.draw is not None]
+        if drawn:
+            self.first_codes([r.row.index for r, _ in drawn], [r.draw for r, _ in drawn],
+                             torch.cat([logits[:, -1] for _, (_, logits) in drawn]),
+                             torch.cat([hidden[:, -1:] for _, (hidden, _) in drawn]))
+        return results
+
+    def first_codes(self, rows: list[int], draws: list[CodeDraw], logits: torch.Tensor, hidden: torch.Tensor
+                    ) -> None:
+        """Start the answers of `rows`: each one's repetition history empty, its last hidden state `hidden[i]`
+        [n, 1, hidden], and its first code 0 drawn from `logits[i]` [n, vocab] under `draws[i]`, on the device
+        (`code0`), as `choose_code0` draws it for that row alone. Rows whose settings differ only in `greedy` are
+        drawn together (a greedy row gets zero noise)."""
+        index = to_device(torch.tensor(rows), self.device)
+        self.seen.index_fill_(0, index, False)
+        self.last_hidden.index_copy_(0, index, hidden)
+        noise = gumbel_rows([None if d.sampling.greedy else d.generator for d in draws], self.vocab, self.device)
+        groups: dict[Sampling, list[int]] = {}
+        for i, draw in enumerate(draws):
+            groups.setdefault(replace(draw.sampling, greedy=False), []).append(i)
+        for shared, members in groups.items():
+            sampling = shared if any(not draws[i].sampling.greedy for i in members) else replace(shared, greedy=True)
+            chosen = index if len(members) == len(rows) else to_device(torch.tensor([rows[i] for i in members]),
+                                                                        self.device)
+            picked = to_device(torch.tensor(members), self.device)
+            code0 = self.choose_code0(logits.index_select(0, picked), sampling, noise.index_select(0, picked),
+                                      self.seen.index_select(0, chosen))
+            self.seen.index_put_((chosen, code0.view(-1)), torch.tensor(True, device=self.device))
+            self.code0.index_copy_(0, chosen, code0)
+        self.start_code0_copy()
 
     def _view(self, rows: int) -> tuple[StaticKVCache, StaticKVCache]:
         if rows not in self._views:
@@ -256,13 +297,17 @@ class TalkerRow:
         self.cache.crop(self.user_length)
         return self.cache.next_position
 
-    def _prefill(self, embeds: torch.Tensor, positions: torch.Tensor | None = None
+    def _prefill(self, embeds: torch.Tensor, positions: torch.Tensor | None = None, draw: CodeDraw | None = None
                  ) -> Generator[TalkerPrefillRequest, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
         """Talker layers over `embeds` at the end of the cache; a short one at sequential positions is yielded,
-        for the worker to batch with other slots'. Returns (hidden, logits)."""
+        for the worker to batch with other slots'. Returns (hidden, logits). `draw`: an answer's prefix, whose
+        first code 0 is drawn after it (`Talker.first_codes`)."""
         if positions is None and short_prefill_fits(self.cache, embeds.shape[1]):
-            return (yield TalkerPrefillRequest(self, embeds))
-        return self.run(embeds, positions)
+            return (yield TalkerPrefillRequest(self, embeds, draw))
+        hidden, logits = self.run(embeds, positions)
+        if draw is not None:
+            self.talker.first_codes([self.index], [draw], logits[:, -1], hidden[:, -1:])
+        return hidden, logits
 
     def prefill_user_part(self, part: UserPart) -> TalkerPrefilling:
         """Append a piece of a user turn to the kept user context."""
@@ -292,7 +337,7 @@ class TalkerRow:
         worker one round of Talker prefills instead of two (in a burst of turn ends, each round adds a wait for the
         GPU and a pass over every session in it).
         """
-        talker, cfg, b = self.talker, self.talker.config, self.index
+        talker, cfg = self.talker, self.talker.config
         text = torch.cat((role_embeds, tts["pad"].expand(1, 4, -1), tts["bos"], first_text), dim=1)
         codec_ids = to_device(torch.tensor([[cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id,
                                              speaker_id, cfg.codec_pad_id, cfg.codec_bos_id]]), text.device)
@@ -304,11 +349,6 @@ class TalkerRow:
             prefix = torch.cat((user_part.embeds, prefix), dim=1)
         elif user_part is not None:
             yield from self.prefill_user_part(user_part)
-        talker.seen[b].zero_()
-        hidden, logits = yield from self._prefill(prefix)
+        yield from self._prefill(prefix, draw=CodeDraw(sampling, generator))
         if joined:
             self.user_length += user_part.embeds.shape[1]
-        talker.last_hidden[b].copy_(hidden[0, -1:])
-        noise = gumbel_rows([None if sampling.greedy else generator], talker.vocab, talker.device)
-        talker.code0[b].copy_(talker.choose_code0(logits[:, -1], sampling, noise.view(1, -1), talker.seen[b:b + 1])[0])
-        talker.start_code0_copy()
