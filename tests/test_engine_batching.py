@@ -130,16 +130,19 @@ def test_a_full_engine_refuses_a_session_and_a_closed_one_frees_its_slot():
     assert engine.pool.free == len(engine.pool)
 
 
-@pytest.mark.parametrize("key_bounds, chosen, sampled", [(graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}, False),
-                                                         ((24, 48, 96), {48, 96, None}, False),
-                                                         (graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}, True)])
+@pytest.mark.parametrize("key_bounds, chosen, sampled, written", [
+    (graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}, False, False),
+    ((24, 48, 96), {48, 96, None}, False, False),
+    (graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}, True, False),
+    (graphs.KEY_BOUNDS, {graphs.KEY_BOUNDS[0]}, True, True)])
 def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monkeypatch, key_bounds, chosen,
-                                                                            sampled):
+                                                                            sampled, written):
     """Three callers whose audio chunks and turn ends reach the worker at the same moment: their audio is encoded
     in one pass and their Thinker and Talker prefills run as batched steps (rows at different cache lengths), their
     first tokens and first codes 0 are drawn together, and each answer equals the one made alone (greedy, or
-    `sampled` with each session's own seed). The batched steps attend over the fewest keys that hold their rows'
-    new positions (`graphs.KEY_BOUNDS`); with small bounds, the contexts outgrow them during the turns."""
+    `sampled` with each session's own seed; `written`: the second caller's answers are text only, so only the
+    others' first tokens get the Talker's text input). The batched steps attend over the fewest keys that hold
+    their rows' new positions (`graphs.KEY_BOUNDS`); with small bounds, the contexts outgrow them during the turns."""
     monkeypatch.setattr(graphs, "KEY_BOUNDS", key_bounds)
     engine = engine_for(prefill_chunk_s=0.5)
     bounds: list[int | None] = []  # the key bound of each batched prefill (Thinker and Talker)
@@ -154,9 +157,10 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monk
     audios = [caller_audio(1.7, seed=6), caller_audio(1.1, seed=7), caller_audio(2.3, seed=8)]
 
     def options(caller: int) -> SessionOptions:
+        speech = not (written and caller == 1)
         if sampled:
-            return SessionOptions(seed=caller, max_answer_tokens=TOKENS, max_frames=FRAMES)
-        return greedy(max_answer_tokens=TOKENS, max_frames=FRAMES)
+            return SessionOptions(seed=caller, max_answer_tokens=TOKENS, max_frames=FRAMES, speech=speech)
+        return greedy(max_answer_tokens=TOKENS, max_frames=FRAMES, speech=speech)
 
     alone = []
     for caller, audio in enumerate(audios):
