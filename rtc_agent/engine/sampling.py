@@ -2,7 +2,7 @@
 (repetition penalty, suppressed tokens, temperature, top-k, top-p) so that greedy runs match stock `generate`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,6 +43,17 @@ def gumbel_rows(generators: list[torch.Generator | None], size: int, device: tor
         return noise
     rows, zeros = iter(noise.unbind(0)), noise.new_zeros(size)
     return torch.stack([next(rows) if g is not None else zeros for g in generators])
+
+
+def draw_groups(samplings: list[Sampling], drawn: list[bool]) -> dict[Sampling, list[int]]:
+    """Rows drawn together, under the settings they share: rows whose settings differ only in `greedy` are one
+    group, drawn as sampled where any of its rows is `drawn` (a row that is not gets zero noise, and the argmax
+    survives every cut), else as greedy."""
+    groups: dict[Sampling, list[int]] = {}
+    for i, sampling in enumerate(samplings):
+        groups.setdefault(replace(sampling, greedy=False), []).append(i)
+    return {shared if any(drawn[i] for i in members) else replace(shared, greedy=True): members
+            for shared, members in groups.items()}
 
 
 def gumbel_from_uniform(uniform: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, Devi
 from .kernels import moe
 from .kv_cache import StaticKVCache
 from .memory import free_bytes
-from .sampling import Sampling, choose, fused_active, gumbel_rows
+from .sampling import Sampling, choose, draw_groups, fused_active, gumbel_rows
 from .stack import run_stack
 from .talker import Talker, TalkerRow
 from .tools import Constraint, TokenMasks
@@ -365,17 +365,13 @@ def choose_rows(logits: torch.Tensor, generators: list, samplings: list[Sampling
     """One token per row of `logits` [rows, vocab], row i drawn under `samplings[i]` with `generators[i]` (rows
     whose generator is None sit out: their token is the greedy one and unused). Rows whose settings differ only
     in `greedy` are drawn together: a greedy row gets zero noise, and the argmax survives every cut."""
-    groups: dict[Sampling, list[int]] = {}
-    for i, sampling in enumerate(samplings):
-        groups.setdefault(replace(sampling, greedy=False), []).append(i)
+    draws = [g if not s.greedy else None for g, s in zip(generators, samplings)]
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for shared, members in groups.items():
-        draws = [generators[i] if not samplings[i].greedy else None for i in members]
-        drawn = any(g is not None for g in draws)
-        noise = gumbel_rows(draws, logits.shape[1], logits.device) if drawn else None
+    for sampling, members in draw_groups(samplings, [g is not None for g in draws]).items():
+        noise = None if sampling.greedy else gumbel_rows([draws[i] for i in members], logits.shape[1], logits.device)
         index = to_device(torch.tensor(members), logits.device) if len(members) < logits.shape[0] else None
         rows = logits if index is None else logits.index_select(0, index)
-        chosen = choose(rows, shared if drawn else replace(shared, greedy=True), noise=noise)
+        chosen = choose(rows, sampling, noise=noise)
         if index is None:
             tokens = chosen
         else:

@@ -4,7 +4,7 @@ parts each slot keeps across turns, and one frame per step for a batch of slots 
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,7 +13,7 @@ from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, Devi
                      begin_rows, commit_rows, rows_for, short_prefill_fits, to_device)
 from .kernels import moe
 from .kv_cache import StaticKVCache
-from .sampling import Sampling, choose, gumbel_rows
+from .sampling import Sampling, choose, draw_groups, gumbel_rows
 from .stack import FixedStep, explicit_positions, run_stack
 
 
@@ -118,17 +118,13 @@ class Talker:
                     ) -> None:
         """Start the answers of `rows`: each one's repetition history empty, its last hidden state `hidden[i]`
         [n, 1, hidden], and its first code 0 drawn from `logits[i]` [n, vocab] under `draws[i]`, on the device
-        (`code0`), as `choose_code0` draws it for that row alone. Rows whose settings differ only in `greedy` are
-        drawn together (a greedy row gets zero noise)."""
+        (`code0`), as `choose_code0` draws it for that row alone (rows drawn together as `draw_groups` says)."""
         index = to_device(torch.tensor(rows), self.device)
         self.seen.index_fill_(0, index, False)
         self.last_hidden.index_copy_(0, index, hidden)
         noise = gumbel_rows([None if d.sampling.greedy else d.generator for d in draws], self.vocab, self.device)
-        groups: dict[Sampling, list[int]] = {}
-        for i, draw in enumerate(draws):
-            groups.setdefault(replace(draw.sampling, greedy=False), []).append(i)
-        for shared, members in groups.items():
-            sampling = shared if any(not draws[i].sampling.greedy for i in members) else replace(shared, greedy=True)
+        groups = draw_groups([d.sampling for d in draws], [not d.sampling.greedy for d in draws])
+        for sampling, members in groups.items():
             chosen = index if len(members) == len(rows) else to_device(torch.tensor([rows[i] for i in members]),
                                                                         self.device)
             picked = to_device(torch.tensor(members), self.device)
