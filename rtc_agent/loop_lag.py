@@ -69,8 +69,9 @@ LAG_BUCKETS_MS = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 5000)
 
 def watched_process(registry: Any) -> tuple[LoopLag, GcPauses]:
     """The metrics every server process shows (a prometheus_client registry of its own): its CPU and memory, how
-    late its event loop wakes up, and its garbage collections. Start `watch()`, `install()` the pauses."""
-    from prometheus_client import Histogram, ProcessCollector
+    late its event loop wakes up, its garbage collections and the objects kept out of their reach (`gc.freeze`).
+    Start `watch()`, `install()` the pauses."""
+    from prometheus_client import Gauge, Histogram, ProcessCollector
 
     ProcessCollector(registry=registry)  # process_cpu_seconds_total, resident memory
     lag = Histogram("rtc_agent_event_loop_lag_ms", "How late the event loop (every call's media and signaling, or "
@@ -78,5 +79,8 @@ def watched_process(registry: Any) -> tuple[LoopLag, GcPauses]:
                     buckets=LAG_BUCKETS_MS, registry=registry)
     pauses = Histogram("rtc_agent_gc_pause_ms", "Python's cyclic garbage collections, by generation: the whole "
                        "process waits for each", ["generation"], buckets=LAG_BUCKETS_MS, registry=registry)
+    Gauge("rtc_agent_gc_frozen_objects", "Objects made at start-up (torch, transformers, the models) that the "
+          "collector no longer walks: a full collection over them stops the process for 150-300 ms",
+          registry=registry).set_function(gc.get_freeze_count)
     return (LoopLag(on_sample=lag.observe),
             GcPauses(lambda generation, ms: pauses.labels(str(generation)).observe(ms)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +121,9 @@ def test_a_killed_media_process_ends_only_its_calls_and_is_replaced(tmp_path: Pa
             text = await metrics_text(URL)
             for process in ("front", "engine", "m0", "m1"):  # one scrape shows every process
                 assert f'process_cpu_seconds_total{{process="{process}"}}' in text, process
+                # start-up's objects (torch, transformers) out of the collector's reach, the front's too
+                frozen = re.search(rf'^rtc_agent_gc_frozen_objects{{process="{process}"}} (\S+)$', text, re.M)
+                assert frozen and float(frozen.group(1)) > 100_000, (process, frozen)
             assert 'rtc_agent_sessions_total{process="m' in text
         finally:
             stop(proc, signal.SIGINT)

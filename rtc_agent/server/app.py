@@ -123,8 +123,8 @@ def load_engine(s: Settings) -> Any:
 
 
 def freeze_startup_objects() -> None:
-    """Takes what start-up made (the model, torch, transformers: ~400 000 objects) out of the cyclic garbage
-    collector's reach. A full collection over them holds the GIL for ~150 ms (tiny model, 2-core CPU) to ~225 ms
+    """Takes what start-up made (torch, transformers and, where loaded, the model: ~400 000 objects) out of the
+    cyclic garbage collector's reach. A full collection over them holds the GIL for ~150 ms (tiny model, 2-core CPU) to ~225 ms
     (full size, the H200 machine), which stops every call's media and the engine's worker at once; they live as
     long as the process anyway."""
     gc.collect()

@@ -189,7 +189,7 @@ async def serve_split(settings: Settings, count: int) -> int:
     """Runs the front until SIGINT (0), or SIGTERM and the drain of every media process (0), or until the engine
     fails to load (1)."""
     from ..engine.remote import RemoteEngine
-    from .app import AccessLogger
+    from .app import AccessLogger, freeze_startup_objects
 
     rate_limit_logging()
     supervisor = Supervisor(settings, count)
@@ -218,6 +218,10 @@ async def serve_split(settings: Settings, count: int) -> int:
         tasks = [watching, asyncio.create_task(front.watch(), name="media-status"),
                  asyncio.create_task(engine.connect(ENGINE_WAIT_S), name="engine-connect"),
                  asyncio.create_task(front.loop_lag.watch(), name="loop-lag")]
+        # The front imports torch and transformers too (through the engine's client and the server's modules); its
+        # first full collection over them held its loop 160-320 ms, once per server (docs/PERFORMANCE.md, twentieth
+        # session)
+        freeze_startup_objects()
         front.gc_pauses.install()
         stopping, draining = asyncio.create_task(stop.wait()), asyncio.create_task(drain.wait())
         tasks += [stopping, draining]
