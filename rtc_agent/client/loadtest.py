@@ -416,6 +416,6 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
         late = p[f"loop_late_over_{server_processes.LATE_MS:g}_ms"]
         print(f"  server process {name}: CPU {p['cpu_pct']} % of a core; event loop late by more than "
               f"{server_processes.LATE_MS:g} ms on {late} of {p['loop_wakeups']} wake-ups (all within "
-              f"{p['loop_lag_ms_at_most']} ms)")
+              f"{p['loop_lag_ms_at_most']} ms); longest garbage collection within {p['gc_pause_ms_at_most']} ms")
     print(f"  the client's event loops woke up to {o['client_loop_lag_ms_max']} ms late"
           + (" (high: the load tester itself may be the bottleneck)" if o["client_loop_lag_ms_max"] > 50 else ""))
