@@ -3,7 +3,6 @@ SIGTERM drains: no new calls, the process ends when the last call has)."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -15,6 +14,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from ..config import VOICES, Settings
+from ..loop_lag import freeze_startup_objects
 from ..media.end_of_turn import installed_scorer, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
@@ -120,15 +120,6 @@ def load_engine(s: Settings) -> Any:
                                      video_window_s=s.video_window_s, max_sessions=s.max_sessions,
                                      text_only=s.no_talker, streaming=not s.no_audio_stream,
                                      gpu_memory_fraction=s.gpu_memory_fraction))
-
-
-def freeze_startup_objects() -> None:
-    """Takes what start-up made (torch, transformers and, where loaded, the model: ~400 000 objects) out of the
-    cyclic garbage collector's reach. A full collection over them holds the GIL for ~150 ms (tiny model, 2-core CPU) to ~225 ms
-    (full size, the H200 machine), which stops every call's media and the engine's worker at once; they live as
-    long as the process anyway."""
-    gc.collect()
-    gc.freeze()
 
 
 async def _end_calls(app: web.Application) -> None:

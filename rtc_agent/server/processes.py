@@ -71,7 +71,8 @@ def engine_main(settings: Settings, socket: str) -> None:
 
     async def main() -> None:
         from ..engine.host import serve_engine
-        from .app import freeze_startup_objects, load_engine
+        from ..loop_lag import freeze_startup_objects
+        from .app import load_engine
 
         started = time.monotonic()
         engine = await asyncio.to_thread(load_engine, settings)
@@ -189,7 +190,8 @@ async def serve_split(settings: Settings, count: int) -> int:
     """Runs the front until SIGINT (0), or SIGTERM and the drain of every media process (0), or until the engine
     fails to load (1)."""
     from ..engine.remote import RemoteEngine
-    from .app import AccessLogger, freeze_startup_objects
+    from ..loop_lag import freeze_startup_objects
+    from .app import AccessLogger
 
     rate_limit_logging()
     supervisor = Supervisor(settings, count)
