@@ -220,9 +220,8 @@ async def serve_split(settings: Settings, count: int) -> int:
         tasks = [watching, asyncio.create_task(front.watch(), name="media-status"),
                  asyncio.create_task(engine.connect(ENGINE_WAIT_S), name="engine-connect"),
                  asyncio.create_task(front.loop_lag.watch(), name="loop-lag")]
-        # The front imports torch and transformers too (through the engine's client and the server's modules); its
-        # first full collection over them held its loop 160-320 ms, once per server (docs/PERFORMANCE.md, twentieth
-        # session)
+        # The front imports torch and transformers too (through the engine's client and the server's modules): a
+        # full collection over them would hold its loop for 150-300 ms
         freeze_startup_objects()
         front.gc_pauses.install()
         stopping, draining = asyncio.create_task(stop.wait()), asyncio.create_task(drain.wait())
