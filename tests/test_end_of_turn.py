@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import subprocess
 import tempfile
 import threading
@@ -14,8 +15,8 @@ import pytest
 
 from rtc_agent.client.microphone import RATE, load_audio
 from rtc_agent.config import TurnSettings, build_settings
-from rtc_agent.media.end_of_turn import (EAGERNESS, WIDE_THREADS, EndOfTurnModel, EndOfTurnScorer, SemanticTurn,
-                                         shared_scorer)
+from rtc_agent.media.end_of_turn import (EAGERNESS, SCORING_NICE, WIDE_THREADS, EndOfTurnModel, EndOfTurnScorer,
+                                         SemanticTurn, shared_scorer)
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
@@ -91,6 +92,17 @@ def test_the_only_calls_lone_decision_runs_on_two_threads_with_the_same_verdict_
     assert scorer.calls == 1 and scorer.score_now(audio).threads == WIDE_THREADS
     calls[0].close()
     assert scorer.calls == 0
+
+
+def test_decisions_run_at_a_lower_cpu_priority_than_the_thread_that_asks_for_them() -> None:
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    scorer = EndOfTurnScorer(lambda audio, threads: float(nice()))  # the verdict: the scoring thread's nice value
+    asked_from = nice()
+    decision = run(scorer.score(np.zeros(1600, np.float32)))  # (asked for from a thread at the same nice value)
+    assert SCORING_NICE > 0 and decision.probability == min(asked_from + SCORING_NICE, 19)
+    assert nice() == asked_from  # the asking thread keeps its own
 
 
 def test_session_update_switches_turn_detection_and_rejects_bad_values() -> None:

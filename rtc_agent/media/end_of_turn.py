@@ -15,7 +15,7 @@ verdicts, and one whose words could end a sentence is ended by them at a lower P
 (`Eagerness.finished_threshold`).
 
 Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
-for the decision of a process's only call (WIDE_THREADS).
+for the decision of a process's only call (WIDE_THREADS), at a lower CPU priority than the rest (SCORING_NICE).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import importlib.util
+import os
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,13 @@ SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxru
 # session). With more calls a process the host's cores are the limit when their turns end together (16 callers on
 # 16 cores had slower verdicts with two threads), so they keep to one thread each.
 WIDE_THREADS = 2
+# When many callers' turns end at once their decisions take every core of the host (24 of 60-90 ms of CPU each on
+# the H200 machine's 16), and the threads that every caller's answer waits on in turn (the engine's worker, the
+# media processes' event loops) got their CPU after them. The scoring threads run at this much higher a nice value:
+# the others go first, and the decisions, spread over many cores, lose little (24 turn ends at once, A/B/A on one
+# H200 host: first packets 97-104 against 108-122 ms P50, verdicts no later; docs/PERFORMANCE.md, twentieth
+# session). Without contention it changes nothing.
+SCORING_NICE = 5
 
 
 class EndOfTurnUnavailable(RuntimeError):
@@ -121,7 +129,8 @@ class EndOfTurnScorer:
         """`hear`: a turn's audio -> (its words, P(a sentence ends there)), as last_words.LastWords."""
         self._model = model
         self._hear = hear
-        self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn")
+        self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn",
+                                                           initializer=_lower_priority)
         self._lock = threading.Lock()
         self._running = 0  # decisions on their way in this process
         self.calls = 0  # calls whose turns it scores (SemanticTurn)
@@ -154,6 +163,15 @@ class EndOfTurnScorer:
 
     async def words(self, audio: np.ndarray) -> Words:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)
+
+
+def _lower_priority() -> None:
+    """The calling thread's nice value up by SCORING_NICE (Linux sets it per thread; elsewhere nothing changes)."""
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + SCORING_NICE)
+    except (AttributeError, OSError):
+        pass
 
 
 _shared_lock = threading.Lock()
