@@ -34,6 +34,18 @@ def test_fixed_shape_encoder_equals_the_library_encoder(frames: list[int]) -> No
         torch.testing.assert_close(g, e, rtol=0, atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("samples", [400, 4_321, 16_000, 31_999, 132_480])
+def test_the_engines_log_mel_equals_the_librarys(samples: int) -> None:
+    """The engine makes the features on its device (audio_input.LogMel); on the CPU they are the library's bit for
+    bit, whatever the stretch's length (a partial hop at the end included)."""
+    engine = engine_for()
+    audio = caller_audio(samples / 16_000, seed=samples)[:samples]
+    assert len(audio) == samples
+    expected, got = audio_input.log_mel(engine.feature_extractor, audio), engine.log_mel(audio)
+    assert got.shape == expected.shape == (engine.feature_extractor.feature_size, samples // 160)
+    assert torch.equal(got, expected)
+
+
 def test_the_comparison_tells_one_8_s_window_from_two() -> None:
     """The tolerance above is tight enough to see a wrong window: 10 s encoded in one window instead of the
     model's 8 s + 2 s differs from the library's outputs (by about 3e-4 on the tiny model; the right layout by

@@ -40,11 +40,38 @@ def check_samples(samples: np.ndarray) -> np.ndarray:
 
 
 def log_mel(feature_extractor, samples: np.ndarray) -> torch.Tensor:
-    """Whisper log-mel features [mel_bins, frames] of one stretch of 16 kHz audio, unpadded."""
+    """Whisper log-mel features [mel_bins, frames] of one stretch of 16 kHz audio, unpadded, as the library's
+    feature extractor makes them (what stock transformers is given; the engine uses `LogMel`)."""
     out = feature_extractor(samples, sampling_rate=INPUT_SAMPLE_RATE, padding="longest", truncation=False,
                             return_attention_mask=True, return_tensors="pt")
     frames = int(out["attention_mask"].sum())
     return out["input_features"][0, :, :frames]
+
+
+class LogMel:
+    """The same features as `log_mel` (the library's torch path, the same operations in the same order: equal on
+    the CPU; 5e-6 apart on the H200), made on the engine's device and left there. Why: the library computes them
+    on the worker's CPU thread, 0.75 ms a second of audio on the H200 machine when idle and several times that
+    when a burst of turn ends keeps every core busy, a third of a preparation's host time; with them on the GPU,
+    24 turn ends at once got their first packets after 74-85 instead of 94-115 ms P50 (A/B/A/B on one host,
+    docs/PERFORMANCE.md, twentieth session)."""
+
+    def __init__(self, feature_extractor, device: torch.device) -> None:
+        if feature_extractor.dither:
+            raise ValueError("dithered log-mel features are not supported")
+        self.n_fft, self.hop = feature_extractor.n_fft, feature_extractor.hop_length
+        self.device = device
+        self.window = torch.hann_window(self.n_fft, device=device)
+        self.filters = torch.from_numpy(feature_extractor.mel_filters).to(device, torch.float32)
+
+    def __call__(self, samples: np.ndarray) -> torch.Tensor:
+        """Features [mel_bins, frames] of one stretch of 16 kHz float32 audio (frames: samples // hop)."""
+        waveform = to_device(torch.from_numpy(np.ascontiguousarray(samples, np.float32))[None], self.device)
+        stft = torch.stft(waveform, self.n_fft, self.hop, window=self.window, return_complex=True)
+        magnitudes = (stft[..., :-1].abs() ** 2).contiguous()
+        log_spec = torch.clamp(self.filters.T @ magnitudes, min=1e-10).log10()
+        log_spec = torch.maximum(log_spec, log_spec.max(dim=2, keepdim=True)[0].max(dim=1, keepdim=True)[0] - 8.0)
+        return ((log_spec + 4.0) / 4.0)[0]
 
 
 @dataclass
@@ -135,7 +162,8 @@ class AudioEncoder:
     def _layout(self, features: list[torch.Tensor], bucket: int) -> tuple[torch.Tensor, ...]:
         """The step's inputs: the chunks [bucket, mel_bins, chunk_frames], zero-padded; each token slot's
         attention window (-1: padding); and the indices of the valid token slots, in order."""
-        padded = torch.zeros(bucket, features[0].shape[0], self.chunk_frames, dtype=features[0].dtype)
+        padded = torch.zeros(bucket, features[0].shape[0], self.chunk_frames, dtype=features[0].dtype,
+                             device=features[0].device)
         windows = torch.full((bucket, self.chunk_tokens), -1, dtype=torch.long)
         chunk = window = 0
         for f in features:

@@ -362,7 +362,7 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
 def _encoder_times(engine: Engine, repeats: int = 20) -> dict[str, float]:
     """Median cost of one pass of the audio encoder over a 1 s chunk from each of 1 and 8 callers (a prefill
     chunk), host work included: the engine's fixed-shape steps against the library's encoder."""
-    mel = audio_input.log_mel(engine.feature_extractor, _caller_turn(0.99, seed=0))
+    mel = engine.log_mel(_caller_turn(0.99, seed=0))
     tower = engine.model.thinker.model.audio_tower
     result = {}
     for callers in (1, 8):

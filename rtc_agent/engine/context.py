@@ -295,7 +295,7 @@ class CallContext:
 
     def _audio_piece(self, samples: np.ndarray) -> Prefilling[Piece]:
         """Encode a stretch of the turn's audio, with the video seconds that start in it."""
-        features = audio_input.log_mel(self.core.feature_extractor, samples)
+        features = self.core.log_mel(samples)
         encoded = yield audio_input.AudioRequest(features)
         turn, per_second = self.turn, self.turn.layout.per_second
         seconds: list = []

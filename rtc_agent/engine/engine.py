@@ -46,6 +46,7 @@ class Engine:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.feature_extractor = loaded.feature_extractor
+        self.log_mel = audio_input.LogMel(loaded.feature_extractor, loaded.device)
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.speech = not options.text_only
@@ -70,9 +71,9 @@ class Engine:
             self.pool.capture(defaults.talker_sampling, defaults.predictor_sampling)
             self.audio_encoder = audio_input.AudioEncoder(self.model.thinker.model.audio_tower, self.cuda_graphs)
         log.info("%d session slots ready in %.1f s", len(self.pool), time.perf_counter() - started)
-        # (a GPU engine's worker thread runs only small CPU ops: the caller audio's log-mel, inputs to copy over;
-        # with torch's default of one thread per core, a second of log-mel took 12.9 ms P90 instead of 0.75 ms
-        # while 12 other busy processes shared the cores, H200 machine)
+        # (a GPU engine's worker thread runs only small CPU ops: inputs to copy over; with torch's default of one
+        # thread per core, a second of log-mel, then made on the CPU, took 12.9 ms P90 instead of 0.75 ms while 12
+        # other busy processes shared the cores, H200 machine)
         self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.run_requests,
                               lambda request: REQUEST_STAGES.index(type(request)), threads=options.cpu_threads)
 

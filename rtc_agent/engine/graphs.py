@@ -83,7 +83,7 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device` without waiting for the work queued before: a copy from pageable memory would
     synchronise the stream (the host then idles until the GPU is done, and the GPU until the host queues more);
     through pinned memory it is queued like a kernel."""
-    if device.type != "cuda":
+    if device.type != "cuda" or x.device.type == "cuda":
         return x.to(device)
     return x.pin_memory().to(device, non_blocking=True)
 
