@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -166,11 +167,14 @@ class EndOfTurnScorer:
 
 
 def _lower_priority() -> None:
-    """The calling thread's nice value up by SCORING_NICE (Linux sets it per thread; elsewhere nothing changes)."""
+    """The calling thread's nice value up by SCORING_NICE. Linux only: there a thread's id names that thread to
+    setpriority (elsewhere it would name a process, or nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    thread = threading.get_native_id()
     try:
-        thread = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + SCORING_NICE)
-    except (AttributeError, OSError):
+    except OSError:  # (a sandbox that forbids it: the decisions keep the process's priority)
         pass
 
 
