@@ -43,7 +43,7 @@ def test_two_callers_both_get_answers_and_the_json_has_every_field(wav: str) -> 
         assert report["settings"]["callers"] == 2 and report["utterances"] == 1
         overall = report["overall"]
         assert (overall["callers"], overall["connected"], overall["failed"], overall["failures"]) == (2, 2, 0, {})
-        assert (overall["turns"], overall["answered"]) == (2, 2)
+        assert (overall["turns"], overall["answered"], overall["cut_ins"]) == (2, 2, 0)
         for key in ("heard_ms", "server_ttfp_ms", "engine_ttfp_ms", "engine_frame_ms_p90", "interval_ms_p90"):
             assert overall[key]["n"] == 2 and 0 < overall[key]["p50"] <= overall[key]["p90"] <= overall[key]["max"]
         assert overall["frames_sent"] > 0 and overall["frames_dropped"] == 0
@@ -65,6 +65,29 @@ def test_two_callers_both_get_answers_and_the_json_has_every_field(wav: str) -> 
             assert turn["answer_packets"] >= turn["server"]["frames_sent"]
             assert turn["gaps"] >= 0 and 0 < turn["interval_ms_p90"] <= turn["max_gap_ms"]
             assert c["summary"]["answered"] == 1
+
+    run(main_())
+
+
+@needs_espeak
+def test_an_answer_over_the_caller_is_a_cut_in_and_the_turn_waits_for_the_answer_after_the_real_end(
+        tmp_path: Path) -> None:
+    """A pause inside the utterance longer than server_vad's silence ends the turn there: the answer starts, the
+    caller's next words cut it (barge-in). The load tester counts that as a cut-in and takes the answer that came
+    after the utterance's real end as the turn's, with its heard latency."""
+    path = tmp_path / "paused.wav"
+    ssml = '<speak>I would like to book a table <break time="700ms"/> for four people tonight.</speak>'
+    subprocess.run(["espeak-ng", "-m", "-w", str(path), ssml], check=True, capture_output=True)
+
+    async def main_() -> None:
+        async with server(max_sessions=1, silence_ms=300, max_answer_s=2.0) as (url, _):
+            code, out, err = await loadtest(url, "--callers", "1", "--wav", str(path), "--json")
+        assert code == 0, err
+        report = json.loads(out)
+        (turn,) = report["callers"][0]["turns"]
+        assert turn["cut_ins"] == 1 and turn["status"] == "completed", turn
+        assert turn["client_latency_ms"] is not None and turn["client_latency_ms"] > 0
+        assert report["overall"]["cut_ins"] == 1 and report["overall"]["answered"] == 1
 
     run(main_())
 

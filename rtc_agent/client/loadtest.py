@@ -233,21 +233,20 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
     turn = 0
     while turn < settings.turns * len(spans):
         start, end = spans[turn % len(spans)]
-        answered = len(call.events_of("response.done"))
         at = mic.play(samples[start:end])
         said.append((mic.time_at(at), mic.time_at(at + end - start)))
-        speech_end = said[-1][1]
-        await _until(lambda: len(call.events_of("response.done")) > answered or connection_lost(call)
+        speech_start, speech_end = said[-1]
+        await _until(lambda: answer_done(call, speech_start)[0] is not None or connection_lost(call)
                      or time.monotonic() - latest_answer_packet(call.audio, speech_end) > settings.max_wait_s,
                      math.inf)  # (the answer has ended, or it has not and none streamed for max_wait_s)
-        if len(call.events_of("response.done")) == answered and connection_lost(call):
+        if answer_done(call, speech_start)[0] is None and connection_lost(call):
             if not await _resume(call, mic, turn, resumes):
                 failure = {"code": "connection_lost", "message": f"the connection was lost during turn {turn + 1} "
                                                                  "and could not be resumed"}
                 break
             said.pop()  # lost with the connection: said again on the new one
             continue
-        if len(call.events_of("response.done")) == answered:
+        if answer_done(call, speech_start)[0] is None:
             failure = {"code": "no_answer", "message": f"turn {turn + 1}: no answer ended, and none streamed for "
                                                       f"{settings.max_wait_s:g} s after the speech"}
             break
@@ -255,11 +254,27 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         if turn < settings.turns * len(spans):
             await asyncio.sleep(PAUSE_S)
     await asyncio.sleep(TAIL_S)
-    dones = [m["response"] for m in call.events_of("response.done")]
-    for i, (_, end_at) in enumerate(said):
+    for i, (start_at, end_at) in enumerate(said):
         next_at = said[i + 1][0] if i + 1 < len(said) else float("inf")
-        turns.append(turn_report(call, end_at, next_at, dones[i] if i < len(dones) else None, settings.gap_s))
+        done, cut_ins = answer_done(call, start_at, next_at)
+        turns.append({**turn_report(call, end_at, next_at, done, settings.gap_s), "cut_ins": cut_ins})
     return failure
+
+
+def answer_done(call: Call, since: float, until: float = math.inf) -> tuple[dict[str, Any] | None, int]:
+    """The `response` of the answer to an utterance that began at `since` (time.monotonic()): the first
+    response.done after it, before `until`, that the caller's own speech did not cancel; and how many answers it
+    did cancel before that one (cut-ins: the server took a pause inside the utterance for its end, answered over
+    the caller, and the caller's next words stopped it). A load-test caller never talks over an answer on
+    purpose: it waits for each to end."""
+    cut_ins = 0
+    for at, message in call.events:
+        if message["type"] != "response.done" or not since < at < until:
+            continue
+        if message["response"]["status"] != "cancelled":
+            return message["response"], cut_ins
+        cut_ins += 1
+    return None, cut_ins
 
 
 def connection_lost(call: Call) -> bool:
@@ -334,6 +349,7 @@ def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "turns": len(turns),
         "answered": sum(1 for t in turns if t["server"] is not None),
+        "cut_ins": sum(t.get("cut_ins", 0) for t in turns),
         "heard_ms": percentiles([t["client_latency_ms"] for t in turns if t["client_latency_ms"] is not None]),
         "server_ttfp_ms": percentiles(values("ttfp_ms")),
         "engine_ttfp_ms": percentiles(values("engine", "ttfp_ms")),
@@ -397,7 +413,8 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     why = ", ".join(f"{n} {code}" for code, n in o["failures"].items())
     resumed = f", {o['resumed']} resumed a lost connection" if o.get("resumed") else ""
     print(f"overall: {o['connected']}/{o['callers']} connected, {o['failed']} failed{f' ({why})' if why else ''}"
-          f"{resumed}; {o['answered']}/{o['turns']} turns answered")
+          f"{resumed}; {o['answered']}/{o['turns']} turns answered"
+          + (f"; {o['cut_ins']} answers began inside a caller's utterance and were cut by it" if o["cut_ins"] else ""))
     print(f"  heard latency (end of speech -> first answer audio): P50 {h['p50']} ms, P90 {h['p90']} ms, "
           f"max {h['max']} ms over {h['n']} turns")
     print(f"  server ttfp_ms (turn end -> first packet): P50 {t['p50']}, P90 {t['p90']}, max {t['max']}; "
