@@ -242,6 +242,29 @@ def test_verdicts_come_at_the_eagerness_check_points_and_a_resumed_pause_voids_t
     run(main(), timeout_s=120)
 
 
+def test_a_verdict_back_before_96_ms_of_silence_ends_the_turn_only_if_the_silence_lasts_that_long() -> None:
+    """A short gap inside a sentence can read as exactly 64 ms of silence, the first check: a "complete" verdict
+    that comes back before the next chunk waits for it, and speech there drops it, as it drops a slower verdict."""
+    scorer = EndOfTurnScorer(lambda audio, threads: 0.99)  # every verdict: complete
+
+    async def main() -> None:
+        ended: list[int] = []
+        silence = 0
+        turn = SemanticTurn(scorer, EAGERNESS["auto"], lambda: ended.append(silence))
+        turn.start([np.zeros(16_000, np.float32)])
+        for silence in (32, 64, 0):  # the gap: 64 ms, then the caller goes on
+            turn.silence(silence)
+            await asyncio.gather(*turn._tasks)  # the verdict is back before the next chunk
+        assert ended == [] and turn.probability == 0.99
+        for silence in (32, 64, 96):  # the real end
+            turn.silence(silence)
+            await asyncio.gather(*turn._tasks)
+            assert ended == ([96] if silence == 96 else [])
+        turn.close()
+
+    run(main(), timeout_s=60)
+
+
 def test_slow_verdicts_make_the_checks_later_never_fewer() -> None:
     """SemanticTurn on the real model, its verdicts slow: each is back 160 ms of silence after it was asked for
     (the chunks of a simulated clock go on while it is on its way, as on a busy CPU). A check point that passed

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import last_words
-from .vad import CHUNK_SAMPLES
+from .vad import CHUNK_MS, CHUNK_SAMPLES
 
 RATE = 16_000
 WINDOW_S = 8  # the model sees the last 8 s of the turn
@@ -268,6 +268,12 @@ class Eagerness:
 
 
 LATE_THRESHOLD = 0.5
+# A verdict ends the turn no sooner than this far into the silence, one chunk after the first check: silero reads
+# some short gaps inside a sentence as a silence of exactly 64 ms (`.whl/question.wav`, "What is the weather |
+# like in Paris today?", at one chunk phase in six, where Smart Turn says 0.97). A verdict back within 32 ms ended
+# the turn there and the answer came over the caller; a slower one came back after speech had resumed and was
+# dropped. So whether a caller was cut depended on the CPU's speed (docs/TURN_TAKING.md, twentieth session).
+EARLIEST_END_MS = CHUNK_MS * 3
 # Early verdicts chosen on the tuning speech set with scripts/turn_tuning.py: auto/medium the fastest keeping at
 # least 70 % of its mid-sentence pauses, low 85 %, high 50 % (the late verdicts as before); averaging two
 # verdicts (average_of=2) did better offline but worse live on the tuning set. docs/TURN_TAKING.md has them on
@@ -309,6 +315,8 @@ class SemanticTurn:
         self._audio: list[np.ndarray] = []
         self._samples = 0
         self._pause = 0  # which pause a verdict belongs to
+        self._silence_ms = 0  # the silence run as of the latest chunk
+        self._complete = False  # this pause's verdicts ended the turn before EARLIEST_END_MS: it ends there
         self._next_check_ms = eagerness.first_check_ms
         self._scoring = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -337,9 +345,14 @@ class SemanticTurn:
 
     def silence(self, silence_ms: int) -> None:
         """The silence run after the turn's speech, as of the latest chunk (0: the caller is speaking)."""
+        self._silence_ms = silence_ms
         if silence_ms == 0:
-            if self._next_check_ms != self.eagerness.first_check_ms:
+            if self._next_check_ms != self.eagerness.first_check_ms or self._complete:
                 self._new_pause()
+            return
+        if self._complete and silence_ms >= EARLIEST_END_MS:  # a verdict said so before EARLIEST_END_MS
+            self._complete = False
+            self._on_complete()
             return
         if silence_ms >= self._next_check_ms and not self._scoring and self._audio:
             self._next_check_ms = self.eagerness.next_check_ms(self._next_check_ms)
@@ -373,6 +386,7 @@ class SemanticTurn:
         self._next_check_ms = self.eagerness.first_check_ms
         self._pause_scores: list[float] = []  # this pause's verdicts
         self._scoring = False  # a verdict still on its way belongs to the old pause
+        self._complete = False
 
     async def _score(self, pause: int, audio: np.ndarray, silence_ms: int) -> None:
         asked, words = time.monotonic(), self._words
@@ -390,4 +404,7 @@ class SemanticTurn:
         self.words = heard
         self._pause_scores.append(decision.probability)
         if self.eagerness.ends_turn(self._pause_scores, silence_ms, heard.unfinished if heard else None):
-            self._on_complete()
+            if self._silence_ms >= EARLIEST_END_MS:
+                self._on_complete()
+            else:
+                self._complete = True
