@@ -77,7 +77,8 @@ def freeze_startup_objects() -> None:
     global _frozen
     gc.collect()
     gc.freeze()
-    atexit.register(gc.unfreeze)  # (the collection at exit frees them: nanobind's leak check then stays quiet)
+    if not _frozen:  # (once: the collection at exit then frees them, and nanobind's leak check stays quiet)
+        atexit.register(gc.unfreeze)
     _frozen = gc.get_freeze_count()  # (it walks them all, 40 ms and more: counted once, here, not per scrape)
 
 

@@ -239,14 +239,15 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
         await _until(lambda: answer_done(call, speech_start)[0] is not None or connection_lost(call)
                      or time.monotonic() - latest_answer_packet(call.audio, speech_end) > settings.max_wait_s,
                      math.inf)  # (the answer has ended, or it has not and none streamed for max_wait_s)
-        if answer_done(call, speech_start)[0] is None and connection_lost(call):
+        answered = answer_done(call, speech_start)[0] is not None
+        if not answered and connection_lost(call):
             if not await _resume(call, mic, turn, resumes):
                 failure = {"code": "connection_lost", "message": f"the connection was lost during turn {turn + 1} "
                                                                  "and could not be resumed"}
                 break
             said.pop()  # lost with the connection: said again on the new one
             continue
-        if answer_done(call, speech_start)[0] is None:
+        if not answered:
             failure = {"code": "no_answer", "message": f"turn {turn + 1}: no answer ended, and none streamed for "
                                                       f"{settings.max_wait_s:g} s after the speech"}
             break

@@ -53,7 +53,7 @@ def usage(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], w
         out[name] = {"cpu_pct": round(100 * (now["cpu_s"] - then["cpu_s"]) / wall_s, 1) if wall_s > 0 else None,
                      "loop_wakeups": int(total), f"loop_late_over_{LATE_MS:g}_ms": int(total - on_time),
                      "loop_lag_ms_at_most": _at_most(lag),
-                     "gc_pause_ms_at_most": _at_most(_during(then.get("gc_buckets", {}), now.get("gc_buckets", {}))),
+                     "gc_pause_ms_at_most": _at_most(_during(then["gc_buckets"], now["gc_buckets"])),
                      **({"restarted": True} if restarted else {})}
     return out
 

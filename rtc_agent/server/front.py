@@ -305,6 +305,7 @@ def merge_metrics(pages: list[tuple[str, str]]) -> str:
     on the 2-core CPU, more on the GPU machine's slower cores, on the front's event loop at every scrape."""
     families: dict[str, tuple[list[str], list[str]]] = {}  # name: (its # HELP and # TYPE lines, its samples)
     for process, text in pages:
+        label = f'process="{_escape(process)}"'
         samples: list[str] = []
         for line in text.splitlines():
             if line.startswith("#"):
@@ -313,15 +314,15 @@ def merge_metrics(pages: list[tuple[str, str]]) -> str:
                     header, samples = families.setdefault(parts[2], ([], []))
                     if all(h.split(" ", 2)[1] != parts[1] for h in header):
                         header.append(line)
-            elif line and (labelled := _with_process(line, process)) is not None:
+            elif line and (labelled := _with_process(line, label)) is not None:
                 samples.append(labelled)
     return "\n".join(line for header, samples in families.values() for line in (*header, *samples)) + "\n"
 
 
-def _with_process(sample: str, process: str) -> str | None:
-    """A sample line with `process="..."` first among its labels (None: a `_created` timestamp, left out)."""
+def _with_process(sample: str, label: str) -> str | None:
+    """A sample line with `label` (`process="..."`) first among its labels (None: a `_created` timestamp, left
+    out)."""
     brace, space = sample.find("{"), sample.find(" ")
-    label = f'process="{_escape(process)}"'
     if brace >= 0 and (space < 0 or brace < space):
         name, rest = sample[:brace], sample[brace + 1:]
         labelled = f"{name}{{{label}{'' if rest.startswith('}') else ','}{rest}"
