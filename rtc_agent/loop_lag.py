@@ -3,6 +3,9 @@
 Both matter in one process that runs many calls' media on one event loop beside a GPU worker thread: a loop that
 wakes up late handles caller audio late (the turn ends late) and sends answer packets late. The server reports
 them per answer and in /metrics; the load tester watches its own loops with the same class.
+
+`RTC_AGENT_STALL_MS=N` (a diagnosis, off by default) also logs, in every process that watches its loop, the loop
+thread's stack each time the loop takes more than N ms to run a callback: what held it up.
 """
 from __future__ import annotations
 
@@ -10,8 +13,15 @@ import asyncio
 import atexit
 import collections
 import gc
+import logging
+import os
+import sys
+import threading
 import time
+import traceback
 from typing import Any, Callable
+
+log = logging.getLogger(__name__)
 
 
 class LoopLag:
@@ -27,6 +37,9 @@ class LoopLag:
         self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=int(keep_s / period_s))
 
     async def watch(self) -> None:
+        stall_ms = float(os.environ.get("RTC_AGENT_STALL_MS") or 0)
+        if stall_ms > 0:
+            StallReporter(asyncio.get_running_loop(), stall_ms).start()
         while True:
             due = time.monotonic() + self.period_s
             await asyncio.sleep(self.period_s)
@@ -41,6 +54,36 @@ class LoopLag:
         """The largest lateness of the wake-ups after `since` (None: none recorded since then)."""
         late = [ms for t, ms in self._recent if t > since]
         return round(max(late), 1) if late else None
+
+
+class StallReporter:
+    """A thread that posts a callback to `loop` every few milliseconds and, when one waits more than `threshold_ms`
+    to run, logs the stack the loop's thread was in at that moment and how long the stall lasted. Build it on
+    the loop's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, threshold_ms: float) -> None:
+        self._loop, self._threshold_s = loop, threshold_ms / 1000
+        self._loop_thread = threading.get_ident()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="stall-reporter", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._loop.is_closed():
+            ran = threading.Event()
+            posted = time.monotonic()
+            try:
+                self._loop.call_soon_threadsafe(ran.set)
+            except RuntimeError:  # the loop closed
+                return
+            if ran.wait(self._threshold_s):
+                time.sleep(0.005)
+                continue
+            frame = sys._current_frames().get(self._loop_thread)
+            stack = "".join(traceback.format_stack(frame, limit=16)) if frame is not None else "?"
+            ran.wait()
+            log.warning("the event loop stalled %.0f ms; %.0f ms into it, it was in:\n%s",
+                        (time.monotonic() - posted) * 1000, self._threshold_s * 1000, stack)
 
 
 class GcPauses:

@@ -3,16 +3,15 @@ reused, and a full engine refuses a session cleanly."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import numpy as np
 import pytest
 import torch
 
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
-from rtc_agent.engine import EngineFullError, graphs
+from rtc_agent.engine import Engine, EngineFullError, graphs
 from rtc_agent.engine.audio_input import AudioRequest
-from rtc_agent.engine.options import SessionOptions
+from rtc_agent.engine.options import EngineOptions, SessionOptions
 from rtc_agent.engine.slots import PrefillRequest, TokenRequest
 from rtc_agent.engine.talker import TalkerPrefillRequest
 
@@ -47,6 +46,21 @@ def _recording_steps(engine) -> tuple[list[int], object]:
 
     engine._worker._step = recording
     return sizes, step
+
+
+def _recording_rounds(engine) -> tuple[list[tuple[int, ...]], object]:
+    """Record each stage of the worker's rounds as (audio stretches, Thinker prefills, first tokens, Talker
+    prefills); returns the list and the function to put back."""
+    rounds: list[tuple[int, ...]] = []
+    run_requests = engine._worker._run_requests
+
+    def recording(requests):
+        rounds.append(tuple(sum(isinstance(r, kind) for r in requests)
+                            for kind in (AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest)))
+        return run_requests(requests)
+
+    engine._worker._run_requests = recording
+    return rounds, run_requests
 
 
 def test_answers_are_the_same_batched_as_alone():
@@ -168,26 +182,15 @@ def test_prefills_of_callers_talking_at_once_are_batched_and_change_nothing(monk
         alone.append(_answer(run(one_turn(session, audio))))
         run(session.close())
     worker = engine._worker
-    rounds: list[tuple[int, ...]] = []  # (audio stretches, Thinker prefills, first tokens, Talker prefills) a stage
-    run_requests = worker._run_requests
-
-    def recording(requests):
-        rounds.append(tuple(sum(isinstance(r, kind) for r in requests)
-                            for kind in (AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest)))
-        return run_requests(requests)
-
-    worker._run_requests = recording
+    rounds, run_requests = _recording_rounds(engine)
     sessions = [engine.new_session(options(caller)) for caller in range(len(audios))]
     try:
         async def together():
             for session in sessions:  # (each call's first job makes its context: out of the way first)
                 await session._ready_context()
-            gate = threading.Event()
-            held = asyncio.wrap_future(worker.submit(gate.wait))  # the worker busy while every caller's audio
-            pushed = [asyncio.ensure_future(s.push_audio(a)) for s, a in zip(sessions, audios)]  # queues up
-            await asyncio.sleep(0.2)
-            gate.set()
-            await held
+            with worker.held():  # every caller's audio queues up before any of it starts
+                pushed = [asyncio.ensure_future(s.push_audio(a)) for s, a in zip(sessions, audios)]
+                await asyncio.sleep(0)
             await asyncio.gather(*pushed)
             return await asyncio.gather(*(one_turn(s, a[:0]) for s, a in zip(sessions, audios)))
 
@@ -227,3 +230,20 @@ def test_a_new_call_starts_from_the_kept_system_prompt():
     finally:
         run(first.close())
         run(second.close())
+
+
+def test_the_warm_up_ends_turns_at_every_captured_width_in_one_round():
+    """The warm-up's turns: one, then 2, 4 ... every slot at once, each stage of their answers' preparation one
+    round for all (a server's first burst of callers meets no width for the first time); every slot is free
+    after it."""
+    engine = Engine.load(EngineOptions(max_sessions=5))
+    try:
+        rounds, _ = _recording_rounds(engine)
+        run(engine.warmup())
+        assert engine.ready
+        for width in (1, 2, 4, 5):  # graphs.batch_sizes(5)
+            assert {(width, 0, 0, 0), (0, width, 0, 0), (0, 0, width, 0), (0, 0, 0, width)} <= set(rounds), rounds
+        assert not {stage for stage in rounds if 3 in stage}, rounds
+        assert engine.pool.free == 5
+    finally:
+        engine.close()

@@ -3,10 +3,32 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 
 from rtc_agent.loop_lag import GcPauses, LoopLag
 from rtc_support import run
+
+
+def _holds_the_loop() -> None:
+    time.sleep(0.3)
+
+
+def test_the_stall_diagnosis_logs_what_held_the_loop(monkeypatch, caplog) -> None:
+    """RTC_AGENT_STALL_MS: a stall longer than it is logged with the loop thread's stack at the time."""
+    monkeypatch.setenv("RTC_AGENT_STALL_MS", "30")
+
+    async def main_() -> None:
+        watcher = asyncio.ensure_future(LoopLag(period_s=0.01).watch())
+        await asyncio.sleep(0.1)
+        _holds_the_loop()
+        await asyncio.sleep(0.1)
+        watcher.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="rtc_agent.loop_lag"):
+        run(main_())
+    stalls = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    assert any("_holds_the_loop" in stall for stall in stalls), stalls  # (a busy machine may add short ones)
 
 
 def test_a_blocked_loop_shows_as_lateness_after_the_time_it_began() -> None:

@@ -9,18 +9,22 @@ import threading
 import time
 from collections.abc import Generator
 
-from rtc_agent.engine.worker import JOB_SLICE_S, NORMAL, URGENT, Worker
+from rtc_agent.engine.worker import CRITICAL_LEAD_S, JOB_SLICE_S, MIN_LEAD_S, NORMAL, URGENT, Worker
 
 
 class Behind:
-    """An answer with no speech ahead of its playout (past its first frame): the worker steps it whenever a step
-    may run."""
+    """An answer past its first frame with `lead` seconds of speech ahead of its playout, always: with less than
+    MIN_LEAD_S the worker steps it whenever a step may run, with less than CRITICAL_LEAD_S inside rounds too."""
 
     done = False
     after: list = []
+    first_frame_at = 0.0
+
+    def __init__(self, lead: float = 0.0) -> None:
+        self.lead = lead
 
     def lead_s(self, now: float) -> float:
-        return 0.0
+        return self.lead
 
 
 def _worker(log: list[str], stage_of=lambda request: 0) -> Worker:
@@ -34,12 +38,13 @@ def _worker(log: list[str], stage_of=lambda request: 0) -> Worker:
     return Worker("test-worker", step, run_requests, stage_of=stage_of)
 
 
-def _queued_behind_an_answer(worker: Worker, submit) -> list:
+def _queued_behind_an_answer(worker: Worker, submit, lead: float = 0.0) -> list:
     """`submit()` queues jobs (returns their futures) while a first job holds the worker, having started an answer
-    short of speech (steps are due from then on); returns the jobs' results, and closes the worker."""
+    short of speech (`Behind(lead)`: steps are due from then on); returns the jobs' results, and closes the
+    worker."""
     holding, gate = threading.Event(), threading.Event()
     try:
-        first = worker.submit(lambda: (worker.add(Behind()), holding.set(), gate.wait(5)), NORMAL)
+        first = worker.submit(lambda: (worker.add(Behind(lead)), holding.set(), gate.wait(5)), NORMAL)
         assert holding.wait(5)
         jobs = submit()
         gate.set()
@@ -95,17 +100,29 @@ def _staged(name: str, stages: list[int]) -> Generator[str, str, str]:
     return name
 
 
-def test_a_jobs_requests_of_later_stages_go_on_in_the_same_round():
-    """Stages 0, 1, 2 (audio, Thinker prefill, Talker prefill): a turn end's three requests run in one round, with
-    no step between them though steps are due; a job whose next request is of an earlier stage (its next chunk's
-    audio) waits for the next round, after the step."""
+def _two_staged_turn_ends(lead: float) -> list[str]:
+    """The log of two sessions' staged turn ends queued behind an answer `lead` seconds ahead of its playout."""
     log: list[str] = []
     worker = _worker(log, stage_of=lambda request: int(request[-1]))
     assert _queued_behind_an_answer(worker, lambda: [
         worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a"),
-        worker.submit(lambda: _staged("b", [0, 1, 0]), URGENT, key="b")]) == ["a", "b"]
-    start = log.index("round a0 b0")
-    assert log[start:start + 5] == ["round a0 b0", "round a1 b1", "round a2", "step", "round b0"], log
+        worker.submit(lambda: _staged("b", [0, 1, 0]), URGENT, key="b")], lead) == ["a", "b"]
+    return log[log.index("round a0 b0"):]
+
+
+def test_a_jobs_requests_of_later_stages_go_on_in_the_same_round():
+    """Stages 0, 1, 2 (audio, Thinker prefill, Talker prefill): a turn end's three requests run in one round, with
+    no step between them though steps are due; a job whose next request is of an earlier stage (its next chunk's
+    audio) waits for the next round, after the step."""
+    log = _two_staged_turn_ends(lead=(CRITICAL_LEAD_S + MIN_LEAD_S) / 2)
+    assert log[:5] == ["round a0 b0", "round a1 b1", "round a2", "step", "round b0"], log
+
+
+def test_an_answer_about_to_run_out_of_speech_is_stepped_between_the_stages_of_a_round():
+    """The same, with the answer less than CRITICAL_LEAD_S ahead: one step before each later stage of the round
+    (its next frame would otherwise come late), and the round still goes on."""
+    log = _two_staged_turn_ends(lead=0.0)
+    assert log[:7] == ["round a0 b0", "step", "round a1 b1", "step", "round a2", "step", "round b0"], log
 
 
 def test_a_due_step_goes_between_one_urgent_jobs_round_and_the_next():

@@ -19,7 +19,7 @@ jobs are done. Eight callers who end their turns at the same moment so cost abou
 weight reads instead of eight. Within a round, between one session's rest of the work and the next (host work:
 its next request's inputs), answer starts that came meanwhile join, so a prepared answer starts at once; a due
 step runs before each round, never inside one, so that no session's finished request waits for a step behind
-another's. A session's jobs keep their order: a job waits while an earlier one of the same session (its `key`) is
+another's (only an answer about to run out of speech gets a step between two stages of a round). A session's jobs keep their order: a job waits while an earlier one of the same session (its `key`) is
 in a round.
 
 `RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
@@ -28,6 +28,7 @@ first packet waited.
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import inspect
 import itertools
@@ -36,7 +37,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,11 @@ log = logging.getLogger(__name__)
 URGENT, NORMAL = 0, 1
 MIN_LEAD_S = 0.24  # three frames: below this an answer's next frame goes before any job
 JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to its deadline
+# Below this lead an answer that is playing gets its next frame before the next stage of a round, not after the
+# round: a stage at 24 rows takes up to 40 ms (the Thinker prefill), a whole round of 21-24 preparations ~95 ms on
+# the H200, more than the 80 ms of lead an answer has after its first frame. Two answers that started just before
+# such a round were 18 ms late (a server's first burst of 24, docs/PERFORMANCE.md, twenty-first session).
+CRITICAL_LEAD_S = 0.05
 
 
 @dataclass(order=True)
@@ -139,6 +145,7 @@ class Worker:
         self._slice_spent = 0.0  # job time since the last step
         self._mark = time.perf_counter()  # when job time was last counted into the slice
         self._wake = threading.Condition()
+        self._held = 0  # open `held()` blocks: jobs wait
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -167,6 +174,19 @@ class Worker:
                 self._wake.notify()
         TRACE(e="expedite", key=key, jobs=len(raised))
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Jobs submitted inside the block wait for its end, then start together: generator jobs of different
+        sessions in one round (the warm-up's turn ends of many rows at once). Answers in progress go on."""
+        with self._wake:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._held -= 1
+                self._wake.notify()
+
     def add(self, answer: Answer) -> None:
         """Start stepping `answer` (call on the worker, from a job)."""
         self._answers.append(answer)
@@ -185,7 +205,7 @@ class Worker:
             while True:
                 if self._closed:
                     raise _Closed
-                if self._jobs:
+                if self._jobs and not self._held:
                     if self._jobs[0].priority == URGENT or not self._step_due():
                         return heapq.heappop(self._jobs)
                 if self._answers:
@@ -234,6 +254,11 @@ class Worker:
         self._charge()
         if self._answers and self._step_due():
             self._step_answers()
+
+    def _running_short(self) -> bool:
+        """Whether an answer already playing has less than CRITICAL_LEAD_S of speech ahead of its playout."""
+        now = time.perf_counter()
+        return any(a.first_frame_at is not None and a.lead_s(now) < CRITICAL_LEAD_S for a in self._answers)
 
     def _step_answers(self) -> None:
         started = time.perf_counter()
@@ -308,13 +333,16 @@ class Worker:
         """One round of every waiting request, stage by stage; each job goes on to its next request or its end.
         A job whose next request belongs to a later stage goes on within the round: a turn end's audio, Thinker
         prefill and Talker prefill take one round, with no step of the answers between them (with 24 answers
-        speaking, each step that came between them cost a preparation 55-70 ms of GPU time on the H200)."""
+        speaking, each step that came between them cost a preparation 55-70 ms of GPU time on the H200), unless an
+        answer that is playing would otherwise run out of speech before the round's end (CRITICAL_LEAD_S)."""
         done = -1
         while True:
             stages = {key: self._stage_of(entry.request) for key, entry in waiting.items()}
             later = [stage for stage in stages.values() if stage > done]
             if not later:
                 return
+            if done >= 0 and self._running_short():  # (one step at most between two stages: the round goes on)
+                self._step_answers()
             done = min(later)
             self._run_stage([waiting.pop(key) for key, stage in stages.items() if stage == done], waiting)
 
