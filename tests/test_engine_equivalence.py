@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rtc_agent.engine import audio_input
-from rtc_agent.engine.code2wav import StreamingCode2Wav
+from rtc_agent.engine.code2wav import Code2WavRows, StreamingCode2Wav
 
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, recording_stock_codes, run
 
@@ -92,6 +92,29 @@ def test_chunked_prefill_first_tokens_equal_stock_when_off():
     texts, _, _ = run(one_turn(engine.new_session(greedy(max_answer_tokens=TOKENS, max_frames=5)), audio))
     stock_ids, _, _ = stock_generate(engine, greedy().instructions, [(audio, None)])
     assert [t.token_id for t in texts][:4] == stock_ids[:4]
+
+
+def test_batched_code2wav_rows_that_started_at_different_frames_decode_as_their_own_streams():
+    """`Code2WavRows.push`: rows whose answers started at different frames (three numbers of frames before the new
+    one in a step; a group of three rows passed through the upsampler as four) decode what each row's own stream
+    decodes, and rows sitting out get zeros."""
+    engine = engine_for(prefill_chunk_s=0)
+    model = engine.model.code2wav
+    batch = Code2WavRows(model, slots=8, max_frames=32, graphs=False)
+    starts = {0: 0, 1: 0, 2: 0, 3: 2, 5: 3}  # row -> the step its answer starts at; rows 4, 6 and 7 sit out
+    codes = torch.randint(0, 2048, (10, 8, 16), generator=torch.Generator().manual_seed(1))  # [step, row, codes]
+    own = {row: StreamingCode2Wav(model, 32) for row in starts}
+    groups = set()
+    with torch.inference_mode():
+        for step in range(len(codes)):
+            befores = [batch.rows[r].frames_before if step >= starts.get(r, len(codes)) else None for r in range(8)]
+            groups.add(len({b for b in befores if b is not None}))
+            out = batch.push(befores, codes[step])
+            for row, start in starts.items():
+                if step >= start:
+                    torch.testing.assert_close(out[row], own[row].push(codes[step, row]), rtol=0, atol=1e-5)
+            assert not out[[4, 6, 7]].any()
+    assert 3 in groups
 
 
 @pytest.mark.parametrize("context", [6])

@@ -251,16 +251,12 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
 
 
 def _speech(pool: SlotPool, rows: int, going: list[Answer], codes: torch.Tensor) -> torch.Tensor:
-    """Each answer's samples [len(going), 1920]: one batched step for the answers with the same number of frames
-    before this one (all of them once past their first few frames; answers that started together share those)."""
-    groups: dict[int, set[int]] = {}
+    """Each answer's samples [len(going), 1920], from one Code2Wav step for them all."""
+    befores: list[int | None] = [None] * rows
     for a in going:
-        groups.setdefault(a.context.code2wav.frames_before, set()).add(a.row)
-    samples: dict[int, torch.Tensor] = {}
-    for before, members in groups.items():
-        batch = pool.code2wav.push([r if r in members else None for r in range(rows)], codes, before)
-        samples.update((r, batch[r]) for r in members)
-    return torch.stack([samples[a.row] for a in going])
+        befores[a.row] = a.context.code2wav.frames_before
+    batch = pool.code2wav.push(befores, codes)
+    return torch.stack([batch[a.row] for a in going])
 
 
 def _draws(members: dict[int, Answer], rows: int, name: str) -> list[torch.Generator | None]:

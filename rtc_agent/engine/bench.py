@@ -314,12 +314,13 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
     slots = {c.slot.index: c for c in contexts}
     thinker_rows = [(slots[r].slot, 0, slots[r].generator) if r in slots else None for r in range(rows)]
     stepping = [r if r in slots else None for r in range(rows)]
+    befores = [pool.code2wav.context if r in slots else None for r in range(rows)]  # (past an answer's first frames)
     noise = torch.zeros(rows, talker.vocab, device=engine.device)
     residual = torch.zeros(rows, (talker.config.num_code_groups - 1) * talker.residual_vocab, device=engine.device)
     streams = [c.code2wav for c in contexts]
 
     def code2wav_frame() -> None:
-        pool.code2wav.push(stepping, codes, pool.code2wav.context).cpu()
+        pool.code2wav.push(befores, codes).cpu()
         for stream in streams:
             stream.cache.crop(stream.cache.length - 1)
 

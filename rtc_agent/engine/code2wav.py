@@ -8,14 +8,16 @@ hold back the tail), so the stream starts with 555 samples of silence: frame k t
 [k*1920 - 555, (k+1)*1920 - 555) of the one-shot decode, every frame is 1920 samples, and nothing is dropped.
 
 `Code2WavRows` holds every session slot's stream in batched buffers (a row a slot) and decodes a frame for every
-answer of a batch in one step per number of frames before it: an answer's first `context` frames have a shorter
-upsampler input, and answers that start together share those steps too.
+answer of a batch with one step of the transformer for all of them, then one pass of the upsampler per number of
+frames before it (an answer's first `context` frames have a shorter upsampler input) over just the rows that have
+that many: when 24 answers start over five frames, their first frames cost five upsampler passes over 24 rows in
+all, not five over 24 rows each (one step of the H200 went from 52 to 96 ms that way).
 """
 from __future__ import annotations
 
 import torch
 
-from .graphs import CapturedStep, DeviceCopy, begin_rows, commit_rows, replay_at
+from .graphs import CapturedStep, DeviceCopy, batch_sizes, begin_rows, commit_rows, replay_at, to_device
 from .kv_cache import StaticKVCache
 from .stack import run_stack
 
@@ -80,17 +82,23 @@ class StreamingCode2Wav:
                          self.cache, 1, codes.view(1, -1))[0]
 
 
-def decode_frame(model, codes: torch.Tensor, cache: StaticKVCache, history: torch.Tensor, before: int, lag: int,
-                 active: torch.Tensor | None = None) -> torch.Tensor:
-    """One frame for every row of `codes` [rows, num_quantizers] in fixed shapes (for a CUDA graph): each row with
-    `before` frames of upsampler context (at most `history`'s), its transformer output appended to `history`
-    [rows, hidden, context] (rows that are not `active` keep theirs). Returns the rows' samples [rows, 1920]."""
-    context = history.shape[-1]
-    hidden = _transform(model, codes, cache, graph_mode=True)
-    window = torch.cat((history[..., context - before:], hidden), dim=-1)
-    kept = torch.cat((history, hidden), dim=-1)[..., -context:]
-    history.copy_(kept if active is None else torch.where(active[:, None, None], kept, history))
-    return frame_samples(model, window, before, int(model.total_upsample), lag)
+def advance(model, codes: torch.Tensor, cache: StaticKVCache, history: torch.Tensor,
+            active: torch.Tensor | None = None) -> torch.Tensor:
+    """The transformer's step for one frame of codes per row ([rows, num_quantizers]) in fixed shapes (for a CUDA
+    graph). Returns each row's upsampler window [rows, hidden, context + 1]: the last `context` frames of
+    transformer output (`history`), then the new one, which `history` keeps in place of its oldest (rows that are
+    not `active` keep theirs)."""
+    window = torch.cat((history, _transform(model, codes, cache, graph_mode=True)), dim=-1)
+    history.copy_(window[..., 1:] if active is None else torch.where(active[:, None, None], window[..., 1:], history))
+    return window
+
+
+def decode_frame(model, codes: torch.Tensor, cache: StaticKVCache, history: torch.Tensor, before: int,
+                 lag: int) -> torch.Tensor:
+    """One frame for every row of `codes` with `before` frames of upsampler context (at most `history`'s): the
+    rows' samples [rows, 1920]."""
+    window = advance(model, codes, cache, history)
+    return frame_samples(model, window[..., window.shape[-1] - 1 - before:], before, int(model.total_upsample), lag)
 
 
 def frame_samples(model, window: torch.Tensor, before: int, samples_per_frame: int, lag: int) -> torch.Tensor:
@@ -105,9 +113,10 @@ def frame_samples(model, window: torch.Tensor, before: int, samples_per_frame: i
 
 class Code2WavRows:
     """Every slot's stream, in batched buffers: `rows[b]` is slot b's (its own steps are not graphed: the
-    engine's frames go through `push`); `push` decodes a frame for each row of a batch that has the same number of
-    frames before it, in one step. The steps, per batch size and number of frames before, share one memory pool
-    (one runs at a time, and `push` copies its output out)."""
+    engine's frames go through `push`). `push` decodes a frame for each row of a batch: one transformer step for
+    them all, then the upsampler once per number of frames before the new one, over the rows with that many (the
+    smallest captured batch that holds them). The steps share one memory pool (one runs at a time, and `push`
+    copies each output out before the next replays)."""
 
     def __init__(self, code2wav, slots: int, max_frames: int, graphs: bool,
                  context: int = UPSAMPLER_CONTEXT_FRAMES) -> None:
@@ -122,32 +131,52 @@ class Code2WavRows:
                      for b in range(slots)]
         self._inputs = DeviceCopy((3, slots), torch.long, param.device)  # a step's positions, deltas, active rows
         self._views: dict[int, StaticKVCache] = {}
-        self._steps: dict[tuple[int, int], CapturedStep] = {}
+        self._steps: dict[int, CapturedStep] = {}  # rows -> the transformer's step
+        self._upsamplers: dict[tuple[int, int], CapturedStep] = {}  # (rows, frames before) -> the upsampler's pass
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
 
     def capture(self, rows: int) -> None:
+        self._step_for(rows)
         for before in range(self.context + 1):
-            self._step_for(rows, before)
+            self._upsampler_for(rows, before)
 
-    def _step_for(self, rows: int, before: int) -> CapturedStep:
-        if (rows, before) not in self._steps:
+    def _step_for(self, rows: int) -> CapturedStep:
+        if rows not in self._steps:
             view = self._views.setdefault(rows, self.cache.batch_view(rows))
             view.position.fill_(view.scratch)  # the capture's writes land in the scratch position
             codes = torch.zeros(rows, self.model.config.num_quantizers, dtype=torch.long, device=self.history.device)
             active = torch.zeros(rows, dtype=torch.bool, device=self.history.device)
-            history, lag = self.history[:rows], self.rows[0].lag
-            self._steps[rows, before] = CapturedStep(
-                lambda c, a: decode_frame(self.model, c, view, history, before, lag, a), codes, active,
-                graph=self.graphs, pool=self._pool)
-        return self._steps[rows, before]
+            history = self.history[:rows]
+            self._steps[rows] = CapturedStep(lambda c, a: advance(self.model, c, view, history, a), codes, active,
+                                             graph=self.graphs, pool=self._pool)
+        return self._steps[rows]
 
-    def push(self, stepping: list[int | None], codes: torch.Tensor, before: int) -> torch.Tensor:
-        """One frame for each row `stepping[i]` names (None: row i sits out) from `codes` [rows, 16], every one of
-        those rows with `before` frames before it (`StreamingCode2Wav.frames_before`); returns samples [rows, 1920]
-        (rows sitting out: meaningless)."""
-        count = len(stepping)
-        step = self._step_for(count, before)  # (a capture sets the positions: before they are filled in)
-        caches = [self.rows[row].cache if row is not None else None for row in stepping]
-        samples = step(codes, begin_rows(self._views[count], caches, self._inputs))
+    def _upsampler_for(self, rows: int, before: int) -> CapturedStep:
+        if (rows, before) not in self._upsamplers:
+            window = self.history.new_zeros(rows, self.history.shape[1], before + 1)
+            lag, per_frame = self.rows[0].lag, int(self.model.total_upsample)
+            self._upsamplers[rows, before] = CapturedStep(
+                lambda w: frame_samples(self.model, w, before, per_frame, lag), window, graph=self.graphs,
+                pool=self._pool)
+        return self._upsamplers[rows, before]
+
+    def push(self, befores: list[int | None], codes: torch.Tensor) -> torch.Tensor:
+        """One frame for each row i of the batch whose `befores[i]` is not None (the others sit out) from `codes`
+        [rows, 16], row i with `befores[i]` frames before it (`StreamingCode2Wav.frames_before`); returns samples
+        [rows, 1920] (rows sitting out: zeros)."""
+        count = len(befores)
+        step = self._step_for(count)  # (a capture sets the positions: before they are filled in)
+        caches = [self.rows[row].cache if before is not None else None for row, before in enumerate(befores)]
+        window = step(codes, begin_rows(self._views[count], caches, self._inputs)).clone()
         commit_rows(caches)
-        return samples.clone()
+        groups: dict[int, list[int]] = {}
+        for row, before in enumerate(befores):
+            if before is not None:
+                groups.setdefault(before, []).append(row)
+        samples = torch.zeros(count, int(self.model.total_upsample), device=window.device)
+        for before, members in groups.items():
+            size = next(size for size in batch_sizes(len(self.rows)) if size >= len(members))
+            index = to_device(torch.tensor(members + members[:1] * (size - len(members))), window.device)
+            part = self._upsampler_for(size, before)(window.index_select(0, index)[..., self.context - before:])
+            samples.index_copy_(0, index[:len(members)], part[:len(members)])
+        return samples
