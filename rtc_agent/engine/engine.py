@@ -181,10 +181,11 @@ class Engine:
         First one turn, then the turns of 2, 4, ... and every slot ending at once (the batch sizes the steps are
         captured for): their audio and preparations go through each stage of a round together, as a burst of
         callers' do, so that the draws and the eager work around the graphs meet each width before a caller's does
-        (a server's first burst of 24 turn ends had its first tokens' round at 22 ms of host time and 15 of GPU
-        time, against 2-6 and 1-2 in later bursts, when only one row had been warmed). A turn samples as callers
-        do (their draws' kernels are loaded on first use, milliseconds on a GPU) and is a prefill chunk, a flush,
-        a tail and a prepared answer, the ways caller audio reaches the Thinker and answers start."""
+        (on the H200 the first draw of 4 rows' first tokens took 24 ms of host time here, the callers' draws of
+        11-24 rows after it 5-15 ms; the old warm-up of one turn left such costs to the first callers). A turn
+        samples as callers do (their draws' kernels are loaded on first use, milliseconds on a GPU) and is a
+        prefill chunk, a flush, a tail and a prepared answer, the ways caller audio reaches the Thinker and answers
+        start."""
         started = time.perf_counter()
         for rows in batch_sizes(len(self.pool)):
             await self._warm_turns(rows)

@@ -19,8 +19,8 @@ jobs are done. Eight callers who end their turns at the same moment so cost abou
 weight reads instead of eight. Within a round, between one session's rest of the work and the next (host work:
 its next request's inputs), answer starts that came meanwhile join, so a prepared answer starts at once; a due
 step runs before each round, never inside one, so that no session's finished request waits for a step behind
-another's (only an answer about to run out of speech gets a step between two stages of a round). A session's jobs keep their order: a job waits while an earlier one of the same session (its `key`) is
-in a round.
+another's (only an answer about to run out of speech gets a step between two stages of a round). A session's jobs
+keep their order: a job waits while an earlier one of the same session (its `key`) is in a round.
 
 `RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
 work, per round and per step to `path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow
