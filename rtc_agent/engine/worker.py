@@ -314,8 +314,10 @@ class Worker:
     def _join(self, waiting: dict[Any, _Waiting], priority: int, busy: set = frozenset()) -> None:
         """Start the queued jobs of sessions with no job in the round (each session's first only; `busy`: more
         sessions to leave out), in order; in a round of urgent jobs (answer starts), only urgent ones: a caller's
-        answer never waits for others' audio."""
+        answer never waits for others' audio. None while `held()`."""
         with self._wake:
+            if self._held:
+                return
             taken, seen = [], set(waiting) | busy
             for job in sorted(self._jobs):
                 if job.key is None or job.key in seen:
