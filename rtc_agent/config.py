@@ -71,6 +71,8 @@ class Settings:
     request_timeout_s: float = 15.0  # a request's headers, and its body, must arrive within this; idle keep-alive
     max_connections: int = 512  # open HTTP connections; more are closed as they are accepted
     media_processes: int = -1  # processes for the calls' media beside the engine's; 0: one process; -1: auto
+    end_of_turn_on: str = "auto"  # engine: Smart Turn on the engine's GPU for all calls; media: on each media
+    # process's CPU; auto: engine where the engine runs on CUDA (README: Turn-taking)
     last_words: bool = False  # semantic_vad also hears the turn's last words (README: Turn-taking; off: why there)
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
@@ -161,6 +163,7 @@ def _installed_turn_detection(settings: Settings) -> Settings:
 
 
 QUANTIZE_CHOICES = ("none", "int4", "auto")
+END_OF_TURN_CHOICES = ("auto", "engine", "media")  # (as engine/options.py's, without importing torch here)
 
 
 def validate(s: Settings) -> None:
@@ -175,6 +178,8 @@ def validate(s: Settings) -> None:
 
         if not last_words.installed():
             raise ValueError(f"--last-words needs its models: {last_words.INSTALL_HINT}")
+    if s.end_of_turn_on not in END_OF_TURN_CHOICES:
+        raise ValueError(f"end_of_turn_on must be one of {', '.join(END_OF_TURN_CHOICES)}, not {s.end_of_turn_on!r}")
     if not 0.08 <= s.max_answer_s <= 600:
         raise ValueError("max_answer_s must be between 0.08 and 600")
     if s.max_sessions < 0:
@@ -299,6 +304,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes that run the calls' media (WebRTC, Opus, VAD, turn-taking), beside one for the "
                         "engine and the front on the port; 0: everything in one process; -1 (default): 0 on a CPU, "
                         "else one per core left, at most 8 (README: Processes)")
+    p.add_argument("--end-of-turn-on", choices=END_OF_TURN_CHOICES,
+                   help="where semantic_vad's end-of-turn model runs: engine (on its GPU, every call's verdicts "
+                        "batched), media (onnxruntime on the CPU of each call's process) or auto (default: engine "
+                        "where the engine runs on CUDA)")
     p.add_argument("--last-words", action="store_true", default=None,
                    help="semantic_vad also transcribes each pause's last words and asks a language model whether a "
                         "sentence can end there (pip install 'rtc-agent[last-words]'; off by default: README, "

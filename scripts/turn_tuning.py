@@ -24,12 +24,14 @@ import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rtc_agent.config import TurnSettings  # noqa: E402
+from rtc_agent.engine.turn_scoring import DeviceTurnModel  # noqa: E402
 from rtc_agent.media import last_words  # noqa: E402
 from rtc_agent.media.end_of_turn import EAGERNESS, WINDOW_S, Eagerness, EndOfTurnModel  # noqa: E402
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
@@ -52,8 +54,17 @@ def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> li
     return speech_set(name, kinds, RATE, continuation, voice)
 
 
-def trajectories(name: str, kinds: list[str], continuation: bool, voice: str) -> list[dict[str, Any]]:
-    model, vad, turn = EndOfTurnModel(), SpeechProbability(), TurnSettings()
+def end_of_turn_model(scorer: str) -> Callable[[np.ndarray], float]:
+    """The model as the media processes run it (onnxruntime) or as the engine does (torch: on this CPU)."""
+    if scorer == "onnxruntime":
+        return EndOfTurnModel()
+    model = DeviceTurnModel(torch.device("cpu"))
+    return lambda audio: model([audio])[0]
+
+
+def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
+                 scorer: str = "onnxruntime") -> list[dict[str, Any]]:
+    model, vad, turn = end_of_turn_model(scorer), SpeechProbability(), TurnSettings()
     hear = last_words.shared_last_words() if last_words.installed() else None
     first_check = EAGERNESS["auto"].first_check_ms
     out = []
@@ -193,6 +204,9 @@ def main() -> None:
     p.add_argument("--kinds", default="questions,paused", help="questions, statements, paused (comma-separated)")
     p.add_argument("--continuation", action="store_true", help="a comma before each mid-sentence break")
     p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says the set")
+    p.add_argument("--scorer", choices=("onnxruntime", "torch"), default="onnxruntime",
+                   help="run the model as the media processes do (onnxruntime) or as the engine does on its GPU "
+                        "(torch ops: engine/turn_scoring.py; here on the CPU)")
     p.add_argument("--out", help="keep the scores here (JSON)")
     p.add_argument("--load", nargs="+", help="scores made before (JSON files, taken together) instead of --set")
     p.add_argument("--search", action="store_true", help="look for the fastest policies that keep --floor")
@@ -201,7 +215,7 @@ def main() -> None:
     if args.load:
         rows = [row for path in args.load for row in json.loads(Path(path).read_text())]
     else:
-        rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice)
+        rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice, args.scorer)
     if args.out:
         Path(args.out).write_text(json.dumps(rows))
     tails = [r["vad_tail_ms"] for r in rows if r["kind"] in FINISHED]

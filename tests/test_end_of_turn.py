@@ -13,11 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from rtc_agent.client.microphone import RATE, load_audio
 from rtc_agent.config import TurnSettings, build_settings
+from rtc_agent.engine import Engine, EngineOptions
+from rtc_agent.engine.turn_scoring import DeviceTurnModel
 from rtc_agent.media.end_of_turn import (EAGERNESS, SCORING_NICE, WIDE_THREADS, EndOfTurnModel, EndOfTurnScorer,
-                                         SemanticTurn, shared_scorer)
+                                         EngineEndOfTurnScorer, SemanticTurn, shared_scorer)
+from rtc_agent.server.state import STATE
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
@@ -50,12 +54,16 @@ def timeline(call) -> list[tuple[float, str, str]]:
     return [(round(t, 2), e["type"], e.get("state", "")) for t, e in call.events if not e["type"].endswith("delta")]
 
 
+def espeak(text: str) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "said.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+        return load_audio(str(path), 16_000)
+
+
 def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pause_low() -> None:
     scorer = shared_scorer()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "q.wav"
-        subprocess.run(["espeak-ng", "-w", str(path), QUESTION], check=True, capture_output=True)
-        question = load_audio(str(path), 16_000)
+    question = espeak(QUESTION)
     end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
     complete = scorer.score_now(question[:end + 16 * 160])  # 160 ms into the silence after it
     paused = ssml_speech(*PAUSED, rate=16_000)
@@ -64,6 +72,54 @@ def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pau
     cut = scorer.score_now(paused[:start + 16 * 160])  # 160 ms into the mid-sentence break
     assert complete.probability > 0.8 and cut.probability < 0.3, (complete, cut)
     assert complete.cost_ms > 0
+
+
+def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_its_quantization_noise() -> None:
+    """engine/turn_scoring.py runs the same int8 file as torch ops (media/onnx_torch.py; here on the CPU). Each
+    activation is rounded to its int8 grid, so float sums in another order move a value by a grid step now and
+    then: onnxruntime's own fused kernels and its unfused reference differ by up to 0.08 on these turns."""
+    question = espeak(QUESTION)
+    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
+    paused = ssml_speech(*PAUSED, rate=16_000)
+    start, _ = gap(paused, 16_000)
+    complete = [question[:end + 16 * ms] for ms in (64, 160, 320)]
+    cut = [paused[:start + 16 * ms] for ms in (64, 160, 320)]
+    onnxruntime, on_device = EndOfTurnModel(), DeviceTurnModel(torch.device("cpu"))
+    expected = np.array([onnxruntime(audio) for audio in complete + cut])
+    together = np.array(on_device(complete + cut))
+    alone = np.array([on_device([audio])[0] for audio in complete + cut])
+    assert np.abs(together - alone).max() < 1e-4  # a batch gives each turn its own verdict
+    assert np.abs(together - expected).max() < 0.1 and np.abs(together - expected).mean() < 0.04, (together, expected)
+    assert (together[:3] > 0.8).all() and (together[3:] < 0.3).all(), together
+
+
+def test_an_engine_that_scores_turns_ends_a_calls_turn_on_its_verdicts_not_on_a_pause() -> None:
+    """--end-of-turn-on engine (the default on a GPU): the media side sends the turn's audio to the engine, which
+    scores every call's turns in batches on its own thread; here the tiny engine on the CPU."""
+    scoring = Engine.load(EngineOptions(model="tiny", device="cpu", max_sessions=2, max_answer_tokens=8,
+                                        end_of_turn="engine"))
+
+    async def main() -> None:
+        async with server(engine_=scoring, turn_detection="semantic_vad", max_answer_s=2.0) as (url, app), \
+                caller(url) as (call, mic):
+            assert app[STATE].engine.describe()["end_of_turn"] == "engine"
+            assert isinstance(app[STATE].end_of_turn, EngineEndOfTurnScorer)
+            samples = ssml_speech(*PAUSED, rate=RATE)
+            start, length = gap(samples, RATE)
+            at = mic.play(samples)
+            pause_end_at = mic.time_at(at + start + length)
+            done = (await call.next_event("response.done", timeout_s=60))["response"]
+            committed = [t for t, e in call.events if e["type"] == "input_audio_buffer.committed"]
+            assert len(committed) == 1 and committed[0] > pause_end_at, timeline(call)
+            eot = done["metrics"]["end_of_turn"]
+            assert eot["type"] == "semantic_vad" and eot["decisions"] >= 1, eot
+            assert set(eot["decision_threads"]) == {0} and min(eot["decision_cpu_ms"]) > 0, eot  # 0: the engine's
+            assert scoring.turn_scoring.batches >= eot["decisions"]
+
+    try:
+        run(main(), timeout_s=200)
+    finally:
+        scoring.close()
 
 
 def test_the_only_calls_lone_decision_runs_on_two_threads_with_the_same_verdict_others_on_one() -> None:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from ..media.end_of_turn import model_installed, model_path
 from . import audio_input, vision_input
 from .kernels import attention, moe, norm, rotary
 from .answer import Answer, tick
@@ -31,6 +32,7 @@ from .options import EngineOptions, SessionOptions
 from .slots import PrefillRequest, Slot, SlotPool, TokenRequest, estimated_slot_bytes, slot_count
 from .talker import TalkerPrefillRequest
 from .tools import ToolRuntime
+from .turn_scoring import TurnScoring
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Engine:
         self.tool_runtime = ToolRuntime.for_tokenizer(self.tokenizer, self.model.thinker.lm_head.out_features,
                                                       self.ids.im_end)
         self.ready = False
+        self.turn_scoring: TurnScoring | None = None  # Smart Turn on this device, once warm (score_turn)
         self.tts: dict[str, torch.Tensor] = {}
         with torch.inference_mode():
             if self.speech:
@@ -90,7 +93,8 @@ class Engine:
                 "speech": self.speech, "streaming": self.options.streaming, "ready": self.ready,
                 "max_sessions": len(self.pool), "free_sessions": self.pool.free,
                 "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens,
-                "video_window_s": self.options.video_window_s}
+                "video_window_s": self.options.video_window_s,
+                "end_of_turn": "engine" if self.turn_scoring is not None else "media"}
 
     def gpu_peak_gb(self) -> float | None:
         if self.device.type != "cuda":
@@ -189,6 +193,8 @@ class Engine:
         started = time.perf_counter()
         for rows in batch_sizes(len(self.pool)):
             await self._warm_turns(rows)
+        if self._scores_turns():  # (after the graphs' captures: its thread runs beside the worker's)
+            self.turn_scoring = await asyncio.to_thread(TurnScoring.load, self.device)
         self.ready = True
         log.info("engine warmed up in %.1f s", time.perf_counter() - started)
 
@@ -217,7 +223,24 @@ class Engine:
             for session in sessions:
                 await session.close()
 
+    def _scores_turns(self) -> bool:
+        """Whether this engine scores the calls' turns (EngineOptions.end_of_turn; the model must be installed
+        where it is asked for by name: EndOfTurnUnavailable says how)."""
+        if self.options.end_of_turn == "engine":
+            model_path()
+            return True
+        return self.options.end_of_turn == "auto" and self.device.type == "cuda" and model_installed()
+
+    async def score_turn(self, audio: np.ndarray) -> tuple[float, float]:
+        """Smart Turn's P(turn complete) for a turn's audio (16 kHz), and the milliseconds its batch took; only
+        where describe()["end_of_turn"] is "engine"."""
+        if self.turn_scoring is None:
+            raise RuntimeError("this engine does not score turns (end_of_turn: media)")
+        return await self.turn_scoring.score(audio)
+
     def close(self) -> None:
+        if self.turn_scoring is not None:
+            self.turn_scoring.close()
         self._worker.close()
 
 

@@ -165,6 +165,8 @@ class _Connection:
             return self.host.status()
         if method == "metrics":
             return generate_latest(self.host.registry).decode()
+        if method == "score_turn":
+            return await self.host.engine.score_turn(*request.args)
         if method == "new_session":
             return self._add(self.host.engine.new_session(*request.args))
         if method == "adopt":

@@ -78,6 +78,10 @@ class RemoteEngine:
         """The engine process's own metrics (Prometheus text): its CPU, memory, event loop and collections."""
         return await self.request("metrics")
 
+    async def score_turn(self, audio: np.ndarray) -> tuple[float, float]:
+        """The engine's end-of-turn verdict on a turn's audio (Engine.score_turn)."""
+        return await self.request("score_turn", None, audio)
+
     async def open_session(self, options: SessionOptions = SessionOptions()) -> "RemoteSession":
         """A session on a free slot of the engine; `EngineFullError` when every slot is taken."""
         number = await self.request("new_session", None, options)

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -74,21 +74,33 @@ class EndOfTurnModel:
     """P(turn complete) for the audio of a turn so far (16 kHz mono float32). Thread-safe."""
 
     def __init__(self, path: Path | None = None) -> None:
-        from transformers import WhisperFeatureExtractor
-
         path = path or model_path()
         self._sessions = {threads: _session(path, threads) for threads in (1, WIDE_THREADS)}
-        self._features = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=WINDOW_S)
+        self._features = Features()
 
     def __call__(self, audio: np.ndarray, threads: int = 1) -> float:
         """`threads`: 1, or WIDE_THREADS (onnxruntime splits the model's work over that many threads)."""
-        window = RATE * WINDOW_S
-        audio = np.asarray(audio, np.float32)[-window:]
-        audio = np.pad(audio, (window - len(audio), 0))  # the model was trained with padding in front
-        features = self._features(audio, sampling_rate=RATE, return_tensors="np", padding="max_length",
-                                  max_length=window, truncation=True, do_normalize=True).input_features
-        (out,) = self._sessions[threads].run(None, {"input_features": features.astype(np.float32)})
+        (out,) = self._sessions[threads].run(None, {"input_features": self._features([audio])})
         return float(np.asarray(out).reshape(-1)[0])
+
+
+class Features:
+    """The model's input for a batch of turns: the last WINDOW_S of each, zero-padded at the front (as the model
+    was trained), as Whisper log-mel features [turns, 80, 800] (float32), made on `device` (the STFT and mel
+    filters run in torch there; the arrays come back to the CPU)."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        from transformers import WhisperFeatureExtractor
+
+        self.device = device
+        self._extractor = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=WINDOW_S)
+
+    def __call__(self, turns: list[np.ndarray]) -> np.ndarray:
+        window = RATE * WINDOW_S
+        padded = [np.pad(np.asarray(a, np.float32)[-window:], (window - min(len(a), window), 0)) for a in turns]
+        return self._extractor(padded, sampling_rate=RATE, return_tensors="np", padding="max_length",
+                               max_length=window, truncation=True, do_normalize=True,
+                               device=self.device).input_features.astype(np.float32)
 
 
 def _session(path: Path, threads: int):
@@ -105,8 +117,8 @@ def _session(path: Path, threads: int):
 @dataclasses.dataclass(frozen=True)
 class Decision:
     probability: float
-    cost_ms: float  # CPU time of this decision on its scoring thread (features + model)
-    threads: int = 1  # onnxruntime threads it ran on (the other's CPU time is not in cost_ms)
+    cost_ms: float  # CPU time of this decision on its scoring thread (features + model); threads 0: its batch's time
+    threads: int = 1  # onnxruntime threads it ran on (the other's CPU time is not in cost_ms); 0: on the engine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +176,25 @@ class EndOfTurnScorer:
 
     async def words(self, audio: np.ndarray) -> Words:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)
+
+
+class EngineEndOfTurnScorer(EndOfTurnScorer):
+    """The verdicts come from the engine, which runs the model on its GPU for every call at once
+    (engine/turn_scoring.py); the last words, where heard, are still made on this process's threads."""
+
+    def __init__(self, score_turn: Callable[[np.ndarray], Awaitable[tuple[float, float]]],
+                 hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None) -> None:
+        """`score_turn`: the engine's (Engine.score_turn, or RemoteEngine.score_turn in a media process)."""
+        super().__init__(self._not_here, hear)
+        self._score_turn = score_turn
+
+    @staticmethod
+    def _not_here(audio: np.ndarray, threads: int) -> float:
+        raise RuntimeError("this scorer's verdicts come from the engine: await score()")
+
+    async def score(self, audio: np.ndarray) -> Decision:
+        p, ms = await self._score_turn(np.asarray(audio, np.float32)[-RATE * WINDOW_S:])
+        return Decision(p, ms, threads=0)
 
 
 def _lower_priority() -> None:

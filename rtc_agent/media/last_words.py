@@ -35,7 +35,7 @@ import numpy as np
 
 RATE = 16_000
 MODEL_DIR = ("models", "base-en")  # inside the moonshine_cpp package
-INSTALL_HINT = ("pip install 'rtc-agent[last-words]' (moonshine-cpp, onnx and pocketsphinx: their wheels carry "
+INSTALL_HINT = ("pip install 'rtc-agent[last-words]' (moonshine-cpp and pocketsphinx: their wheels carry "
                 "the models)")
 LAYERS, KV_HEADS, HEAD_DIM = 8, 8, 52  # Moonshine base's decoder
 START, END = 1, 2  # token ids

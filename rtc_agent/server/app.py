@@ -15,7 +15,8 @@ from aiohttp.abc import AbstractAccessLogger
 
 from ..config import VOICES, Settings
 from ..loop_lag import freeze_startup_objects
-from ..media.end_of_turn import installed_scorer, shared_scorer
+from ..media import last_words
+from ..media.end_of_turn import EndOfTurnScorer, EngineEndOfTurnScorer, installed_scorer, model_path, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
 from .errors import ApiError
@@ -83,12 +84,10 @@ async def _start_engine(app: web.Application) -> None:
 async def _load_engine(state: ServerState) -> None:
     s = state.settings
     try:
-        # The end-of-turn model (semantic_vad): loaded here so that no call waits for it; required when it is
-        # the server's turn detection (EndOfTurnUnavailable says how to install it).
         if s.turn_detection_note:
             log.warning("%s", s.turn_detection_note)
-        await asyncio.to_thread(shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer,
-                                s.last_words)
+        if s.turn.turn_detection == "semantic_vad":
+            model_path()  # (required: EndOfTurnUnavailable says how to install it, before a model loads for minutes)
         loading = state.engine is None
         if loading:
             state.engine = await asyncio.to_thread(load_engine, s)
@@ -98,6 +97,8 @@ async def _load_engine(state: ServerState) -> None:
         if not state.engine.ready:
             log.info("warming up...")
             await state.engine.warmup()
+        # The calls' end-of-turn scorer, loaded here so that no call waits for it
+        state.end_of_turn = await asyncio.to_thread(end_of_turn_scorer, s, state.engine)
         if loading or state.tag:  # (a media process: torch, silero and the end-of-turn model)
             freeze_startup_objects()
         state.loaded = True
@@ -111,6 +112,15 @@ async def _load_engine(state: ServerState) -> None:
         raise
 
 
+def end_of_turn_scorer(s: Settings, engine: Any) -> EndOfTurnScorer | None:
+    """The end-of-turn scorer of this process's calls: the engine's verdicts where it scores turns (on its GPU),
+    else this process's model; None where that is not installed and semantic_vad was not asked for (then only
+    server_vad is offered). (Blocking: it may load models.)"""
+    if engine.describe().get("end_of_turn") == "engine":
+        return EngineEndOfTurnScorer(engine.score_turn, last_words.shared_last_words() if s.last_words else None)
+    return (shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)(s.last_words)
+
+
 def load_engine(s: Settings) -> Any:
     """The engine these settings ask for, loaded (blocking: seconds for `tiny`, minutes for a real checkpoint)."""
     from ..engine import Engine, EngineOptions
@@ -119,7 +129,7 @@ def load_engine(s: Settings) -> Any:
     return Engine.load(EngineOptions(model=s.model, device=s.device, quantize=s.quantize,
                                      video_window_s=s.video_window_s, max_sessions=s.max_sessions,
                                      text_only=s.no_talker, streaming=not s.no_audio_stream,
-                                     gpu_memory_fraction=s.gpu_memory_fraction))
+                                     gpu_memory_fraction=s.gpu_memory_fraction, end_of_turn=s.end_of_turn_on))
 
 
 async def _end_calls(app: web.Application) -> None:

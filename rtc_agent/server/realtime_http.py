@@ -25,7 +25,6 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from ..engine.tools import ToolSet
-from ..media.end_of_turn import installed_scorer
 from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
 from .realtime_ws import RealtimeSocket
@@ -250,7 +249,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
         engine_session = await new_engine_session(state, s.voice, s.instructions)
         vad = await state.vads.acquire()
         try:
-            end_of_turn = await asyncio.to_thread(installed_scorer, s.last_words)
+            end_of_turn = state.end_of_turn
             ws = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
             await ws.prepare(request)
         except BaseException:  # (the client went away during the upgrade)

@@ -13,7 +13,6 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from ..conversation import EngineSession
 from ..engine.remote import RemoteEngine, RemoteSession
 from ..media.ice import rtc_configuration
-from ..media.end_of_turn import installed_scorer
 from ..media.inbound import use_low_latency_audio
 from ..media.outbound import PACKET_S, OutboundAudioTrack
 from ..media.vad import SpeechProbability
@@ -175,7 +174,7 @@ async def _new_call(state: ServerState, offer: Offer, engine_session: EngineSess
     its caller can resume it in another."""
     settings = state.settings
     vad = await state.vads.acquire()
-    end_of_turn = await asyncio.to_thread(installed_scorer, settings.last_words)
+    end_of_turn = state.end_of_turn
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,

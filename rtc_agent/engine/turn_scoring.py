@@ -1,0 +1,111 @@
+"""Smart Turn's verdicts for every call, on the engine's GPU (the server's --end-of-turn-on engine, the default
+there), batched.
+
+Why: on the CPU each verdict is 60-100 ms of a core. When many callers stop together their verdicts queue for the
+cores beside everything else the calls need (24 turns ending at once on the H200 machine's 16 cores: verdicts
+after 126-172 ms P50, 40-60 ms for one caller; docs/PERFORMANCE.md, twenty-first session). On the GPU a batch of
+them is a few milliseconds. The media processes send the turn's audio (remote.py) and wait for the verdict; the
+last words, where heard, stay on their CPUs.
+
+The model is the same file onnxruntime runs, as torch ops (media/onnx_torch.py), on its own thread and CUDA
+stream of high priority, beside the worker's: a verdict does not wait for a decode step or a round to end, and
+its kernels go ahead of theirs on the GPU. Requests that arrive while a batch runs go together in the next one.
+The scorer starts after the engine's warm-up, so none of its work meets a CUDA graph capture.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+
+import numpy as np
+import torch
+
+from ..media.end_of_turn import Features, model_path
+from ..media.onnx_torch import TorchGraph
+
+log = logging.getLogger(__name__)
+MAX_BATCH = 32  # turns a batch (memory: 32 x 8 s windows are ~0.4 GB of activations)
+
+
+class DeviceTurnModel:
+    """P(turn complete) for a batch of turns' audio (16 kHz mono float32), on `device`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._features = Features(str(device))
+        self._graph = TorchGraph(model_path(), device)
+
+    def __call__(self, turns: list[np.ndarray]) -> list[float]:
+        (p,) = self._graph(torch.from_numpy(self._features(turns)))
+        return p.reshape(-1).tolist()
+
+
+class TurnScoring:
+    """The engine's scorer: `score(audio)` from any event loop; the batches run on a thread of their own."""
+
+    def __init__(self, model: DeviceTurnModel) -> None:
+        self.model = model
+        cuda = model.device.type == "cuda"
+        self._stream = torch.cuda.Stream(model.device, priority=-1) if cuda else None  # -1: high priority
+        self._pending: list[tuple[np.ndarray, concurrent.futures.Future[tuple[float, float]]]] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self.batches = 0
+        self._thread = threading.Thread(target=self._loop, name="end-of-turn-device", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(cls, device: torch.device) -> "TurnScoring":
+        scoring = cls(DeviceTurnModel(device))
+        for rows in (1, MAX_BATCH) if device.type == "cuda" else (1,):  # first uses (the GPU's kernels)
+            scoring._run([np.zeros(16_000, np.float32)] * rows)
+        return scoring
+
+    async def score(self, audio: np.ndarray) -> tuple[float, float]:
+        """(P(turn complete), milliseconds its batch took on the scorer's thread)."""
+        future: concurrent.futures.Future[tuple[float, float]] = concurrent.futures.Future()
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the engine's end-of-turn scorer is closed")
+            self._pending.append((np.asarray(audio, np.float32), future))
+            self._wake.notify()
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=5.0)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._pending or self._closed)
+                if self._closed:
+                    for _, future in self._pending:
+                        future.cancel()
+                    return
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            batch = [(audio, future) for audio, future in batch if future.set_running_or_notify_cancel()]
+            if not batch:  # (every caller of it stopped waiting)
+                continue
+            started = time.perf_counter()
+            try:
+                probabilities = self._run([audio for audio, _ in batch])
+            except Exception as exc:  # (each caller's turn falls back to its late checks: SemanticTurn)
+                log.exception("end-of-turn batch of %d failed", len(batch))
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            ms = round((time.perf_counter() - started) * 1000, 2)
+            self.batches += 1
+            for (_, future), p in zip(batch, probabilities):
+                future.set_result((p, ms))
+
+    def _run(self, turns: list[np.ndarray]) -> list[float]:
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            return self.model(turns)
