@@ -354,6 +354,9 @@ def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "heard_ms": percentiles([t["client_latency_ms"] for t in turns if t["client_latency_ms"] is not None]),
         "server_ttfp_ms": percentiles(values("ttfp_ms")),
         "engine_ttfp_ms": percentiles(values("engine", "ttfp_ms")),
+        # semantic_vad: silence before the turn ended, and how long its deciding verdict took to come back
+        "end_of_turn_wait_ms": percentiles(values("end_of_turn", "wait_ms")),
+        "verdict_ms": percentiles(values("end_of_turn", "verdict_ms")),
         "engine_frame_ms_p90": percentiles(values("engine", "frame_ms_p90")),  # each turn's P90, across turns
         "interval_ms_p90": percentiles([t["interval_ms_p90"] for t in turns if t["interval_ms_p90"] is not None]),
         "frames_sent": int(sum(values("frames_sent"))),

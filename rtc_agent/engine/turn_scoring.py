@@ -7,10 +7,12 @@ after 126-172 ms P50, 40-60 ms for one caller; docs/PERFORMANCE.md, twenty-first
 them is a few milliseconds. The media processes send the turn's audio (remote.py) and wait for the verdict; the
 last words, where heard, stay on their CPUs.
 
-The model is the same file onnxruntime runs, as torch ops (media/onnx_torch.py), on its own thread and CUDA
-stream of high priority, beside the worker's: a verdict does not wait for a decode step or a round to end, and
-its kernels go ahead of theirs on the GPU. Requests that arrive while a batch runs go together in the next one.
-The scorer starts after the engine's warm-up, so none of its work meets a CUDA graph capture.
+The model is the same file onnxruntime runs, as torch ops (media/onnx_torch.py), features included, captured as a
+CUDA graph per batch size (about 700 kernels: launched one by one from Python they took 20 ms for one turn while
+the worker's thread held the GIL). It runs on a thread of its own and a CUDA stream of high priority, beside the
+worker's: a verdict does not wait for a decode step or a round to end, and its kernels go ahead of theirs on the
+GPU. Requests that arrive while a batch runs go together in the next one. The graphs are captured after the
+engine's warm-up, so no capture meets another.
 """
 from __future__ import annotations
 
@@ -24,24 +26,48 @@ import time
 import numpy as np
 import torch
 
-from ..media.end_of_turn import Features, model_path
+from ..media.end_of_turn import Features, model_path, windows
 from ..media.onnx_torch import TorchGraph
+from .graphs import CapturedStep, batch_sizes
 
 log = logging.getLogger(__name__)
-MAX_BATCH = 32  # turns a batch (memory: 32 x 8 s windows are ~0.4 GB of activations)
+MAX_BATCH = 32  # turns a batch (memory: 32 x 8 s windows are ~0.5 GB of activations)
 
 
 class DeviceTurnModel:
-    """P(turn complete) for a batch of turns' audio (16 kHz mono float32), on `device`."""
+    """P(turn complete) for a batch of turns' audio (16 kHz mono float32), on `device`: one graph per batch size
+    (batch_sizes up to MAX_BATCH), a batch padded to the next (on a CPU the same code runs eagerly)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._features = Features(str(device))
+        cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device, priority=-1) if cuda else None  # -1: high priority
+        self._features = Features(device)
         self._graph = TorchGraph(model_path(), device)
+        pool = torch.cuda.graph_pool_handle() if cuda else None  # (one batch at a time: the graphs share memory)
+        self._steps: dict[int, CapturedStep] = {}
+        with self._on_stream():
+            for rows in batch_sizes(MAX_BATCH) if cuda else []:
+                example = torch.from_numpy(windows([np.zeros(16_000, np.float32)] * rows)).to(device)
+                self._steps[rows] = CapturedStep(self._probabilities, example, stream=self.stream, pool=pool)
 
     def __call__(self, turns: list[np.ndarray]) -> list[float]:
-        (p,) = self._graph(torch.from_numpy(self._features(turns)))
-        return p.reshape(-1).tolist()
+        x = torch.from_numpy(windows(turns))
+        rows = next((size for size in self._steps if size >= len(turns)), None)
+        with self._on_stream():
+            if rows is None:  # (the CPU: eager, any batch size)
+                return self._probabilities(x).tolist()
+            padded = torch.zeros(rows, x.shape[1]) if rows > len(turns) else x
+            if padded is not x:
+                padded[:len(turns)] = x
+            return self._steps[rows](padded)[:len(turns)].tolist()
+
+    def _probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        (p,) = self._graph(self._features(x))
+        return p.reshape(-1)
+
+    def _on_stream(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
 
 class TurnScoring:
@@ -49,8 +75,6 @@ class TurnScoring:
 
     def __init__(self, model: DeviceTurnModel) -> None:
         self.model = model
-        cuda = model.device.type == "cuda"
-        self._stream = torch.cuda.Stream(model.device, priority=-1) if cuda else None  # -1: high priority
         self._pending: list[tuple[np.ndarray, concurrent.futures.Future[tuple[float, float]]]] = []
         self._wake = threading.Condition()
         self._closed = False
@@ -60,10 +84,7 @@ class TurnScoring:
 
     @classmethod
     def load(cls, device: torch.device) -> "TurnScoring":
-        scoring = cls(DeviceTurnModel(device))
-        for rows in (1, MAX_BATCH) if device.type == "cuda" else (1,):  # first uses (the GPU's kernels)
-            scoring._run([np.zeros(16_000, np.float32)] * rows)
-        return scoring
+        return cls(DeviceTurnModel(device))
 
     async def score(self, audio: np.ndarray) -> tuple[float, float]:
         """(P(turn complete), milliseconds its batch took on the scorer's thread)."""
@@ -95,7 +116,7 @@ class TurnScoring:
                 continue
             started = time.perf_counter()
             try:
-                probabilities = self._run([audio for audio, _ in batch])
+                probabilities = self.model([audio for audio, _ in batch])
             except Exception as exc:  # (each caller's turn falls back to its late checks: SemanticTurn)
                 log.exception("end-of-turn batch of %d failed", len(batch))
                 for _, future in batch:
@@ -105,7 +126,3 @@ class TurnScoring:
             self.batches += 1
             for (_, future), p in zip(batch, probabilities):
                 future.set_result((p, ms))
-
-    def _run(self, turns: list[np.ndarray]) -> list[float]:
-        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-            return self.model(turns)

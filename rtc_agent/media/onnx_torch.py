@@ -41,14 +41,14 @@ def _broadcast(param: torch.Tensor, x: torch.Tensor, axis: int) -> torch.Tensor:
 def _quantize(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, axis: int = 1, **_: Any) -> torch.Tensor:
     """QuantizeLinear, its integers kept in a float tensor; the zero point's type gives their range."""
     info = torch.iinfo(zero.dtype)
-    scale, shift = _broadcast(scale, x, axis), _broadcast(zero.to(x.device, torch.float32), x, axis)
+    scale, shift = _broadcast(scale, x, axis), _broadcast(zero.to(torch.float32), x, axis)
     return torch.clamp(torch.round(x / scale) + shift, info.min, info.max)
 
 
 def _dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None, axis: int = 1,
                 **_: Any) -> torch.Tensor:
-    q = q.to(scale.device, torch.float32)
-    shift = 0 if zero is None else _broadcast(zero.to(q.device, torch.float32), q, axis)
+    q = q.to(torch.float32)
+    shift = 0 if zero is None else _broadcast(zero.to(torch.float32), q, axis)
     return (q - shift) * _broadcast(scale, q, axis)
 
 
@@ -157,7 +157,12 @@ class TorchGraph:
         self._constants = {k: v for k, v in constants.items() if k in needed}
 
     def _place(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if not tensor.is_floating_point() else tensor.to(self.device, torch.float32)
+        """Shapes and indices (int64) stay on the CPU; floats become float32 on the device, and the quantized
+        integers go there as they are (a zero point read from the CPU would make each QuantizeLinear wait for the
+        device)."""
+        if tensor.dtype == torch.int64:
+            return tensor
+        return tensor.to(self.device, torch.float32 if tensor.is_floating_point() else tensor.dtype)
 
     @staticmethod
     def _args(names: list[str], values: dict[str, torch.Tensor]) -> list[torch.Tensor | None]:
