@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ..media.end_of_turn import model_installed, model_path
 from . import audio_input, vision_input
 from .kernels import attention, moe, norm, rotary
 from .answer import Answer, tick
@@ -193,7 +192,7 @@ class Engine:
         started = time.perf_counter()
         for rows in batch_sizes(len(self.pool)):
             await self._warm_turns(rows)
-        if self._scores_turns():  # (after the graphs' captures: its thread runs beside the worker's)
+        if self.options.end_of_turn == "engine":  # (after the graphs' captures: its thread runs beside the worker's)
             self.turn_scoring = await asyncio.to_thread(TurnScoring.load, self.device)
         self.ready = True
         log.info("engine warmed up in %.1f s", time.perf_counter() - started)
@@ -222,14 +221,6 @@ class Engine:
         finally:
             for session in sessions:
                 await session.close()
-
-    def _scores_turns(self) -> bool:
-        """Whether this engine scores the calls' turns (EngineOptions.end_of_turn; the model must be installed
-        where it is asked for by name: EndOfTurnUnavailable says how)."""
-        if self.options.end_of_turn == "engine":
-            model_path()
-            return True
-        return self.options.end_of_turn == "auto" and self.device.type == "cuda" and model_installed()
 
     async def score_turn(self, audio: np.ndarray) -> tuple[float, float]:
         """Smart Turn's P(turn complete) for a turn's audio (16 kHz), and the milliseconds its batch took; only

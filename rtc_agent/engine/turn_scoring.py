@@ -1,11 +1,12 @@
-"""Smart Turn's verdicts for every call, on the engine's GPU (the server's --end-of-turn-on engine, the default
-there), batched.
+"""Smart Turn's verdicts for every call, on the engine's GPU, batched (the server's --end-of-turn-on engine).
 
 Why: on the CPU each verdict is 60-100 ms of a core. When many callers stop together their verdicts queue for the
-cores beside everything else the calls need (24 turns ending at once on the H200 machine's 16 cores: verdicts
-after 126-172 ms P50, 40-60 ms for one caller; docs/PERFORMANCE.md, twenty-first session). On the GPU a batch of
-them is a few milliseconds. The media processes send the turn's audio (remote.py) and wait for the verdict; the
-last words, where heard, stay on their CPUs.
+cores beside everything else the calls need (32 turns ending at once on the H200 machine's 16 cores: verdicts
+after 240-268 ms P50, and the media processes' event loops 22-27 ms late). On the GPU a batch of 32 is 26 ms, one
+turn 2.5 ms: verdicts after 7-8 ms, loops at most 5.5 ms late. It is not the default: the callers hear their
+answers no sooner, because the turn's end then comes before the engine has prepared the answer for that many
+callers (docs/PERFORMANCE.md, twenty-second session). The media processes send the turn's audio (remote.py) and
+wait for the verdict; the last words, where heard, stay on their CPUs.
 
 The model is the same file onnxruntime runs, as torch ops (media/onnx_torch.py), features included, captured as a
 CUDA graph per batch size (about 700 kernels: launched one by one from Python they took 20 ms for one turn while
