@@ -54,17 +54,20 @@ def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> li
     return speech_set(name, kinds, RATE, continuation, voice)
 
 
-def end_of_turn_model(scorer: str) -> Callable[[np.ndarray], float]:
-    """The model as the media processes run it (onnxruntime) or as the engine does (torch: on this CPU)."""
+def end_of_turn_model(scorer: str, shifts: tuple[int, ...] = (0,)) -> Callable[[np.ndarray], float]:
+    """The model as the media processes run it (onnxruntime) or as the engine does (torch: on this CPU); with
+    `shifts`, the mean of its verdicts on the turn less that many samples at its end (other log-mel frame grids)."""
     if scorer == "onnxruntime":
-        return EndOfTurnModel()
-    model = DeviceTurnModel(torch.device("cpu"))
-    return lambda audio: model([audio])[0]
+        one = EndOfTurnModel()
+    else:
+        model = DeviceTurnModel(torch.device("cpu"))
+        one = lambda audio: model([audio])[0]  # noqa: E731
+    return lambda audio: float(np.mean([one(audio[:len(audio) - shift]) for shift in shifts]))
 
 
 def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
-                 scorer: str = "onnxruntime") -> list[dict[str, Any]]:
-    model, vad, turn = end_of_turn_model(scorer), SpeechProbability(), TurnSettings()
+                 scorer: str = "onnxruntime", shifts: tuple[int, ...] = (0,)) -> list[dict[str, Any]]:
+    model, vad, turn = end_of_turn_model(scorer, shifts), SpeechProbability(), TurnSettings()
     hear = last_words.shared_last_words() if last_words.installed() else None
     first_check = EAGERNESS["auto"].first_check_ms
     out = []
@@ -207,6 +210,8 @@ def main() -> None:
     p.add_argument("--scorer", choices=("onnxruntime", "torch"), default="onnxruntime",
                    help="run the model as the media processes do (onnxruntime) or as the engine does on its GPU "
                         "(torch ops: engine/turn_scoring.py; here on the CPU)")
+    p.add_argument("--shifts", default="0", help="score the mean of the verdicts on the turn less these many "
+                   "samples at its end, comma-separated (the log-mel frame grid moves with them; 160 a frame)")
     p.add_argument("--out", help="keep the scores here (JSON)")
     p.add_argument("--load", nargs="+", help="scores made before (JSON files, taken together) instead of --set")
     p.add_argument("--search", action="store_true", help="look for the fastest policies that keep --floor")
@@ -215,7 +220,8 @@ def main() -> None:
     if args.load:
         rows = [row for path in args.load for row in json.loads(Path(path).read_text())]
     else:
-        rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice, args.scorer)
+        rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice, args.scorer,
+                           tuple(int(x) for x in args.shifts.split(",")))
     if args.out:
         Path(args.out).write_text(json.dumps(rows))
     tails = [r["vad_tail_ms"] for r in rows if r["kind"] in FINISHED]

@@ -62,6 +62,18 @@ def espeak(text: str) -> np.ndarray:
         return load_audio(str(path), 16_000)
 
 
+async def one_turn_over_a_pause(call, mic, timeout_s: float) -> dict:
+    """Says the PAUSED sentence; its answer's `response` once one turn has ended, after the real end."""
+    samples = ssml_speech(*PAUSED, rate=RATE)
+    start, length = gap(samples, RATE)
+    at = mic.play(samples)
+    pause_end_at = mic.time_at(at + start + length)
+    done = (await call.next_event("response.done", timeout_s=timeout_s))["response"]
+    committed = [t for t, e in call.events if e["type"] == "input_audio_buffer.committed"]
+    assert len(committed) == 1 and committed[0] > pause_end_at, timeline(call)  # one turn, after the real end
+    return done
+
+
 def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pause_low() -> None:
     scorer = shared_scorer()
     question = espeak(QUESTION)
@@ -110,13 +122,7 @@ def test_an_engine_that_scores_turns_ends_a_calls_turn_on_its_verdicts_not_on_a_
                 caller(url) as (call, mic):
             assert app[STATE].engine.describe()["end_of_turn"] == "engine"
             assert isinstance(app[STATE].end_of_turn, EngineEndOfTurnScorer)
-            samples = ssml_speech(*PAUSED, rate=RATE)
-            start, length = gap(samples, RATE)
-            at = mic.play(samples)
-            pause_end_at = mic.time_at(at + start + length)
-            done = (await call.next_event("response.done", timeout_s=60))["response"]
-            committed = [t for t, e in call.events if e["type"] == "input_audio_buffer.committed"]
-            assert len(committed) == 1 and committed[0] > pause_end_at, timeline(call)
+            done = await one_turn_over_a_pause(call, mic, timeout_s=60)
             eot = done["metrics"]["end_of_turn"]
             assert eot["type"] == "semantic_vad" and eot["decisions"] >= 1, eot
             assert set(eot["decision_threads"]) == {0} and min(eot["decision_cpu_ms"]) > 0, eot  # 0: the engine's
@@ -214,13 +220,7 @@ def test_a_mid_sentence_pause_does_not_end_the_turn_then_barge_in_still_cuts_the
             assert created["turn_detection"]["type"] == "semantic_vad"
             assert created["turn_detection"]["eagerness"] == "auto"
 
-            samples = ssml_speech(*PAUSED, rate=RATE)
-            start, length = gap(samples, RATE)
-            at = mic.play(samples)
-            pause_end_at = mic.time_at(at + start + length)
-            done = (await call.next_event("response.done", timeout_s=30))["response"]
-            committed = [t for t, e in call.events if e["type"] == "input_audio_buffer.committed"]
-            assert len(committed) == 1 and committed[0] > pause_end_at  # one turn, ended after the real end
+            done = await one_turn_over_a_pause(call, mic, timeout_s=30)
             assert len(call.events_of("input_audio_buffer.speech_started")) == 1
             stopped = call.events_of("input_audio_buffer.speech_stopped")
             assert len(stopped) == 1
