@@ -78,6 +78,10 @@ def engine_main(settings: Settings, socket: str) -> None:
         engine = await asyncio.to_thread(load_engine, settings)
         freeze_startup_objects()
         serving = asyncio.create_task(serve_engine(engine, socket, started))
+        # SIGTERM (the front, at the end) ends it as a return does, so that the interpreter's exit cleans up:
+        # killed outright, it left the multiprocessing lock of tqdm's progress bars (the weights' loading) for
+        # the resource tracker to warn about ("leaked semaphore objects") after Ctrl-C.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, serving.cancel)
         await asyncio.wait([serving, asyncio.create_task(_orphaned())], return_when=asyncio.FIRST_COMPLETED)
         serving.cancel()
         engine.close()
