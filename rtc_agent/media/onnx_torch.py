@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -97,6 +96,11 @@ def _reduce_sum(x: torch.Tensor, axes: torch.Tensor | None = None, keepdims: int
     return x.sum(dim=tuple(axes.tolist()), keepdim=bool(keepdims))
 
 
+def _gather(x: torch.Tensor, indices: torch.Tensor, axis: int = 0) -> torch.Tensor:
+    picked = torch.index_select(x, axis, indices.reshape(-1).to(x.device))
+    return picked.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
+
+
 def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, axis: int = -1,
                 epsilon: float = 1e-5, **_: Any) -> torch.Tensor:
     axis = axis % x.dim()
@@ -120,8 +124,7 @@ OPS: dict[str, Op] = {
     "Transpose": lambda x, perm: x.permute(perm),
     "Reshape": _reshape,
     "Shape": _shape,
-    "Gather": lambda x, i, axis=0: torch.index_select(x, axis, i.reshape(-1).to(x.device)).reshape(
-        x.shape[:axis] + i.shape + x.shape[axis + 1:]),
+    "Gather": _gather,
     "Slice": _slice,
     "Concat": lambda *xs, axis: torch.cat(xs, axis),
     "ReduceSum": _reduce_sum,
@@ -188,7 +191,3 @@ class TorchGraph:
                 del values[name]
         return [values[name] for name in self.outputs]
 
-
-def run_numpy(graph: TorchGraph, *inputs: np.ndarray) -> list[np.ndarray]:
-    """The graph on numpy inputs, its outputs as numpy arrays."""
-    return [y.cpu().numpy() for y in graph(*(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))]
