@@ -44,8 +44,11 @@ def test_two_callers_both_get_answers_and_the_json_has_every_field(wav: str) -> 
         overall = report["overall"]
         assert (overall["callers"], overall["connected"], overall["failed"], overall["failures"]) == (2, 2, 0, {})
         assert (overall["turns"], overall["answered"], overall["cut_ins"]) == (2, 2, 0)
-        for key in ("heard_ms", "server_ttfp_ms", "engine_ttfp_ms", "engine_frame_ms_p90", "interval_ms_p90"):
+        for key in ("heard_ms", "server_ttfp_ms", "engine_ttfp_ms", "engine_frame_ms_p90", "interval_ms_p90",
+                    "end_of_turn_wait_ms"):
             assert overall[key]["n"] == 2 and 0 < overall[key]["p50"] <= overall[key]["p90"] <= overall[key]["max"]
+        assert overall["end_of_turn_wait_ms"]["p50"] == 400  # server_vad's silence (the test server's turns)
+        assert overall["verdict_ms"]["n"] == 0  # (semantic_vad's alone)
         assert overall["frames_sent"] > 0 and overall["frames_dropped"] == 0
         assert {"frames_late", "gaps", "max_gap_ms", "client_loop_lag_ms_max"} <= overall.keys()
         assert overall["server_loop_lag_ms_max"] >= 0  # the server's own measure, through response.done

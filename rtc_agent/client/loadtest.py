@@ -423,6 +423,10 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
           f"max {h['max']} ms over {h['n']} turns")
     print(f"  server ttfp_ms (turn end -> first packet): P50 {t['p50']}, P90 {t['p90']}, max {t['max']}; "
           f"engine ttfp P50 {e['p50']}, P90 {e['p90']}")
+    w, v = o["end_of_turn_wait_ms"], o["verdict_ms"]
+    if w["n"]:
+        print(f"  silence waited before the turn ended: P50 {w['p50']}, P90 {w['p90']} ms"
+              + (f"; the end-of-turn verdicts came back after P50 {v['p50']}, P90 {v['p90']} ms" if v["n"] else ""))
     f, i = o["engine_frame_ms_p90"], o["interval_ms_p90"]
     print(f"  each answer's P90, over answers (P50/max): engine frame time {f['p50']}/{f['max']} ms, "
           f"answer packet arrival interval {i['p50']}/{i['max']} ms (80 is real time)")
