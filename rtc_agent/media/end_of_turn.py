@@ -16,6 +16,8 @@ verdicts, and one whose words could end a sentence is ended by them at a lower P
 
 Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
 for the decision of a process's only call (WIDE_THREADS), at a lower CPU priority than the rest (SCORING_NICE).
+With the server's --end-of-turn-on engine the verdicts come from the engine instead, which runs the same file on
+its GPU for every call at once (EngineEndOfTurnScorer, engine/turn_scoring.py, with `windows` and `Features`).
 """
 from __future__ import annotations
 
