@@ -21,7 +21,7 @@ from rtc_agent.config import TurnSettings, build_settings
 from rtc_agent.engine import Engine, EngineOptions
 from rtc_agent.engine.turn_scoring import DeviceTurnModel
 from rtc_agent.media.end_of_turn import (EAGERNESS, SCORING_NICE, WIDE_THREADS, EndOfTurnModel, EndOfTurnScorer,
-                                         EngineEndOfTurnScorer, Features, SemanticTurn, shared_scorer, windows)
+                                         EngineEndOfTurnScorer, SemanticTurn, shared_scorer, windows)
 from rtc_agent.server.state import STATE
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 
@@ -91,7 +91,7 @@ def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_
     """engine/turn_scoring.py runs the same int8 file as torch ops (media/onnx_torch.py; here on the CPU). Each
     activation is rounded to its int8 grid, so float sums in another order move a value by a grid step now and
     then: onnxruntime's own fused kernels and its unfused reference differ by up to 0.08 on these turns. The
-    features are made in torch too (end_of_turn.Features), as transformers' extractor makes them."""
+    features are made in torch too (audio_input.LogMel), as transformers' extractor makes them."""
     question = espeak(QUESTION)
     end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
     paused = ssml_speech(*PAUSED, rate=16_000)
@@ -101,8 +101,8 @@ def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_
     turns = complete + cut
     reference = WhisperFeatureExtractor(feature_size=80, sampling_rate=16_000, chunk_length=8)(
         list(windows(turns)), sampling_rate=16_000, return_tensors="np", do_normalize=True).input_features
-    assert np.abs(Features()(torch.from_numpy(windows(turns))).numpy() - reference).max() < 1e-4
     onnxruntime, on_device = EndOfTurnModel(), DeviceTurnModel(torch.device("cpu"))
+    assert np.abs(on_device.features(torch.from_numpy(windows(turns))).numpy() - reference).max() < 1e-4
     expected = np.array([onnxruntime(audio) for audio in complete + cut])
     together = np.array(on_device(complete + cut))
     alone = np.array([on_device([audio])[0] for audio in complete + cut])

@@ -67,11 +67,16 @@ class LogMel:
     def __call__(self, samples: np.ndarray) -> torch.Tensor:
         """Features [mel_bins, frames] of one stretch of 16 kHz float32 audio (frames: samples // hop)."""
         waveform = to_device(torch.from_numpy(np.ascontiguousarray(samples, np.float32))[None], self.device)
-        stft = torch.stft(waveform, self.n_fft, self.hop, window=self.window, return_complex=True)
+        return self.batch(waveform)[0]
+
+    def batch(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """Features [rows, mel_bins, frames] of equally long stretches [rows, samples] on the device, each row
+        floored 8 below its own maximum (as the library does for each audio of a batch)."""
+        stft = torch.stft(waveforms, self.n_fft, self.hop, window=self.window, return_complex=True)
         magnitudes = (stft[..., :-1].abs() ** 2).contiguous()
         log_spec = torch.clamp(self.filters.T @ magnitudes, min=1e-10).log10()
         log_spec = torch.maximum(log_spec, log_spec.max(dim=2, keepdim=True)[0].max(dim=1, keepdim=True)[0] - 8.0)
-        return ((log_spec + 4.0) / 4.0)[0]
+        return (log_spec + 4.0) / 4.0
 
 
 @dataclass

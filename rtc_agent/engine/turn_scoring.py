@@ -27,8 +27,9 @@ import time
 import numpy as np
 import torch
 
-from ..media.end_of_turn import Features, model_path, windows
+from ..media.end_of_turn import RATE, WINDOW_S, model_path, windows
 from ..media.onnx_torch import TorchGraph
+from .audio_input import LogMel
 from .graphs import CapturedStep, batch_sizes
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,21 @@ MAX_BATCH = 32  # turns a batch (memory: 32 x 8 s windows are ~0.5 GB of activat
 
 class DeviceTurnModel:
     """P(turn complete) for a batch of turns' audio (16 kHz mono float32), on `device`: one graph per batch size
-    (batch_sizes up to MAX_BATCH), a batch padded to the next (on a CPU the same code runs eagerly)."""
+    (batch_sizes up to MAX_BATCH), a batch padded to the next (on a CPU the same code runs eagerly).
+
+    Its input is what EndOfTurnModel gives onnxruntime, made on the device: each turn's `windows` normalised to
+    zero mean and unit variance, as Whisper log-mel features (80 bins) by the engine's own LogMel with the
+    extractor's mel filters; the two agree to 2e-5 (tests/test_end_of_turn.py). (A verdict moves by up to 0.05
+    with that: the model's int8 input grid.)"""
 
     def __init__(self, device: torch.device) -> None:
+        from transformers import WhisperFeatureExtractor
+
         self.device = device
         cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device, priority=-1) if cuda else None  # -1: high priority
-        self._features = Features(device)
+        self._log_mel = LogMel(WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=WINDOW_S),
+                               device)
         self._graph = TorchGraph(model_path(), device)
         pool = torch.cuda.graph_pool_handle() if cuda else None  # (one batch at a time: the graphs share memory)
         self._steps: dict[int, CapturedStep] = {}
@@ -53,18 +62,18 @@ class DeviceTurnModel:
                 self._steps[rows] = CapturedStep(self._probabilities, example, stream=self.stream, pool=pool)
 
     def __call__(self, turns: list[np.ndarray]) -> list[float]:
-        x = torch.from_numpy(windows(turns))
-        rows = next((size for size in self._steps if size >= len(turns)), None)
+        rows = next((size for size in self._steps if size >= len(turns)), len(turns))  # (CPU: any, eagerly)
+        x = torch.from_numpy(windows(turns + [np.zeros(0, np.float32)] * (rows - len(turns))))
         with self._on_stream():
-            if rows is None:  # (the CPU: eager, any batch size)
-                return self._probabilities(x).tolist()
-            padded = torch.zeros(rows, x.shape[1]) if rows > len(turns) else x
-            if padded is not x:
-                padded[:len(turns)] = x
-            return self._steps[rows](padded)[:len(turns)].tolist()
+            return self._steps.get(rows, self._probabilities)(x)[:len(turns)].tolist()
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's input [turns, 80, 800] for turns' `windows` [turns, RATE x WINDOW_S] on the device."""
+        x = (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, unbiased=False, keepdim=True) + 1e-7)
+        return self._log_mel.batch(x)
 
     def _probabilities(self, x: torch.Tensor) -> torch.Tensor:
-        (p,) = self._graph(self._features(x))
+        (p,) = self._graph(self.features(x))
         return p.reshape(-1)
 
     def _on_stream(self) -> contextlib.AbstractContextManager:

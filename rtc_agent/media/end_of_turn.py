@@ -17,7 +17,7 @@ verdicts, and one whose words could end a sentence is ended by them at a lower P
 Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
 for the decision of a process's only call (WIDE_THREADS), at a lower CPU priority than the rest (SCORING_NICE).
 With the server's --end-of-turn-on engine the verdicts come from the engine instead, which runs the same file on
-its GPU for every call at once (EngineEndOfTurnScorer, engine/turn_scoring.py, with `windows` and `Features`).
+its GPU for every call at once (EngineEndOfTurnScorer, engine/turn_scoring.py, with `windows`).
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import numpy as np
-import torch
 
 from . import last_words
 from .vad import CHUNK_MS, CHUNK_SAMPLES
@@ -102,31 +101,6 @@ def windows(turns: list[np.ndarray]) -> np.ndarray:
         audio = np.asarray(audio, np.float32)[-window:]
         row[window - len(audio):] = audio
     return batch
-
-
-class Features:
-    """The model's input for the engine's batches (engine/turn_scoring.py): turns' `windows`, each normalised to
-    zero mean and unit variance, as Whisper log-mel features [turns, 80, 800] (float32), made with torch on the
-    windows' device, so that a batch stays on the GPU and in one CUDA graph. It is the recipe of transformers'
-    WhisperFeatureExtractor, which EndOfTurnModel uses, with its mel filters; the two agree to 2e-5
-    (tests/test_end_of_turn.py). (The model's verdicts move by up to 0.05 with that: its int8 input grid.)"""
-
-    N_FFT, HOP = 400, 160
-
-    def __init__(self, device: str | torch.device = "cpu") -> None:
-        from transformers import WhisperFeatureExtractor
-
-        device = torch.device(device)
-        extractor = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=WINDOW_S)
-        self._mel = torch.from_numpy(extractor.mel_filters.T.astype(np.float32)).to(device)  # [80, 201]
-        self._window = torch.hann_window(self.N_FFT, device=device)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, unbiased=False, keepdim=True) + 1e-7)
-        spectrum = torch.stft(x, self.N_FFT, self.HOP, window=self._window, return_complex=True)[..., :-1]
-        log_mel = torch.clamp(self._mel @ spectrum.abs().square(), min=1e-10).log10()  # [turns, 80, 800]
-        log_mel = torch.maximum(log_mel, log_mel.amax(dim=(1, 2), keepdim=True) - 8.0)
-        return (log_mel + 4.0) / 4.0
 
 
 def _session(path: Path, threads: int):
