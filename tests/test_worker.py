@@ -134,3 +134,27 @@ def test_a_due_step_goes_between_one_urgent_jobs_round_and_the_next():
         worker.submit(lambda n=n: _staged(n, [0]), URGENT, key="x") for n in ("a", "b")])
     start = log.index("round a0")
     assert log[start:start + 3] == ["round a0", "step", "round b0"], log
+
+
+def test_an_urgent_job_that_comes_during_a_round_catches_up_with_it():
+    """A turn end submitted while the round of an earlier one runs its first stage: its first request runs next
+    (an earlier stage than the round's), and from there both go on together, instead of one whole round after the
+    other (a burst of callers whose audio came a few ms apart)."""
+    log: list[str] = []
+    worker: Worker
+
+    def run_requests(requests: list[str]) -> list[str]:
+        log.append("round " + " ".join(requests))
+        if requests == ["a0"]:
+            jobs.append(worker.submit(lambda: _staged("b", [0, 1, 2]), URGENT, key="b"))
+        return requests
+
+    jobs: list = []
+    worker = Worker("test-worker", lambda answers: None, run_requests, stage_of=lambda request: int(request[-1]))
+    try:
+        jobs.append(worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a"))
+        assert jobs[0].result(5) == "a"
+        assert jobs[1].result(5) == "b"
+    finally:
+        worker.close()
+    assert log == ["round a0", "round b0", "round a1 b1", "round a2 b2"], log

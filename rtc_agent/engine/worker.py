@@ -17,7 +17,8 @@ one pass of the audio encoder, one batched Thinker prefill, one draw of first to
 a job whose next request belongs to a later stage goes on in the same round. Rounds follow each other until the
 jobs are done. Eight callers who end their turns at the same moment so cost about one turn end's launches and
 weight reads instead of eight. Within a round, between one session's rest of the work and the next (host work:
-its next request's inputs), answer starts that came meanwhile join, so a prepared answer starts at once; a due
+its next request's inputs), urgent jobs that came meanwhile join: a prepared answer starts at once, and a turn
+end that came a few ms after the round's first catches up with it from its own first stage; a due
 step runs before each round, never inside one, so that no session's finished request waits for a step behind
 another's (only an answer about to run out of speech gets a step between two stages of a round). A session's jobs
 keep their order: a job waits while an earlier one of the same session (its `key`) is in a round.
@@ -336,17 +337,25 @@ class Worker:
         A job whose next request belongs to a later stage goes on within the round: a turn end's audio, Thinker
         prefill and Talker prefill take one round, with no step of the answers between them (with 24 answers
         speaking, each step that came between them cost a preparation 55-70 ms of GPU time on the H200), unless an
-        answer that is playing would otherwise run out of speech before the round's end (CRITICAL_LEAD_S)."""
-        done = -1
+        answer that is playing would otherwise run out of speech before the round's end (CRITICAL_LEAD_S).
+
+        Jobs that join during a round (urgent ones, between two sessions' resumptions) catch up: their first
+        request runs even where its stage is earlier than the round's, and from the round's stage on they go with
+        it. In a burst of 24 turn ends whose audio came over 20 ms, the round started by the first 2 held the other
+        22 for its whole length (65 ms on the H200) before their own round could start."""
+        done, ran = -1, set()  # the last stage run; the jobs that have run a stage in this round (their ids)
         while True:
             stages = {key: self._stage_of(entry.request) for key, entry in waiting.items()}
-            later = [stage for stage in stages.values() if stage > done]
-            if not later:
+            ready = {key: stage for key, stage in stages.items()
+                     if stage > done or id(waiting[key].job) not in ran}
+            if not ready:
                 return
             if done >= 0 and self._running_short():  # (one step at most between two stages: the round goes on)
                 self._step_answers()
-            done = min(later)
-            self._run_stage([waiting.pop(key) for key, stage in stages.items() if stage == done], waiting)
+            done = min(ready.values())
+            entries = [waiting.pop(key) for key, stage in ready.items() if stage == done]
+            ran.update(id(entry.job) for entry in entries)
+            self._run_stage(entries, waiting)
 
     def _run_stage(self, entries: list[_Waiting], waiting: dict[Any, _Waiting]) -> None:
         """Run `entries`' requests (one stage of a round) and resume their jobs; they wait again in `waiting`."""
