@@ -63,3 +63,19 @@ def test_the_comparison_tells_one_8_s_window_from_two() -> None:
 def test_the_gpu_check_runs_and_passes_on_the_cpu() -> None:
     result = check_audio_encoder.check(torch.device("cpu"), "tiny", min_cosine=0.999)
     assert result["passed"] and len(result["passes"]) == len(check_audio_encoder.PASSES)
+
+
+def test_a_rounds_log_mel_of_several_stretches_equals_each_made_alone() -> None:
+    """The audio stage of a round makes the features of every caller's stretch in one batch (`LogMel.many`): each
+    equals its own features, the shorter stretches' frames past their own end left out of their frames and of
+    their floor (the second stretch is quiet but for its last 100 samples, which only a frame past its end
+    covers: counted in, they would raise its floor)."""
+    engine = engine_for()
+    tail_loud = 0.001 * caller_audio(0.35, seed=2)[:5_599]
+    tail_loud[-100:] *= 1000
+    stretches = [caller_audio(1.0, seed=1), tail_loud, caller_audio(0.5, seed=3)]
+    together = engine.log_mel.many(stretches)
+    for stretch, features in zip(stretches, together):
+        alone = audio_input.log_mel(engine.feature_extractor, stretch)
+        assert features.shape == alone.shape
+        torch.testing.assert_close(features, alone, rtol=0, atol=1e-6)

@@ -49,8 +49,9 @@ def log_mel(feature_extractor, samples: np.ndarray) -> torch.Tensor:
 
 
 class LogMel:
-    """The same features as `log_mel` (the library's torch path, the same operations in the same order: equal on
-    the CPU; 5e-6 apart on the H200), made on the engine's device and left there. Why: the library computes them
+    """The same features as `log_mel` (the library's torch path, the same operations in the same order, the
+    centred STFT's reflection padding done first: equal on the CPU; 5e-6 apart on the H200), made on the engine's
+    device and left there. Why: the library computes them
     on the worker's CPU thread, 0.75 ms a second of audio on the H200 machine when idle and several times that
     when a burst of turn ends keeps every core busy, a third of a preparation's host time; with them on the GPU,
     24 turn ends at once got their first packets after 74-85 instead of 94-115 ms P50 (A/B/A/B on one host,
@@ -66,16 +67,43 @@ class LogMel:
 
     def __call__(self, samples: np.ndarray) -> torch.Tensor:
         """Features [mel_bins, frames] of one stretch of 16 kHz float32 audio (frames: samples // hop)."""
-        waveform = to_device(torch.from_numpy(np.ascontiguousarray(samples, np.float32))[None], self.device)
-        return self.batch(waveform)[0]
+        return self.many([samples])[0]
+
+    def many(self, stretches: list[np.ndarray]) -> list[torch.Tensor]:
+        """Features of stretches of any lengths, as `__call__` makes each, in one batch on the device: each stretch
+        reflect-padded on the host as the library's centred STFT pads it, zero-padded to the longest, one copy to
+        the device; a stretch's frames past its own end are dropped and left out of its floor. Why: the audio
+        stage of a round makes every caller's features at once (24 turn ends: one set of launches, not 24 of
+        about 1 ms of the worker's host time each, H200)."""
+        half = self.n_fft // 2
+        padded = [np.pad(np.asarray(s, np.float32), half, mode="reflect") for s in stretches]
+        rows = np.zeros((len(padded), max(len(p) for p in padded)), np.float32)
+        for row, p in zip(rows, padded):
+            row[:len(p)] = p
+        frames = [len(s) // self.hop for s in stretches]
+        features = self._log_spectra(to_device(torch.from_numpy(rows), self.device), frames)
+        return [f[:, :n] for f, n in zip(features, frames)]
 
     def batch(self, waveforms: torch.Tensor) -> torch.Tensor:
         """Features [rows, mel_bins, frames] of equally long stretches [rows, samples] on the device, each row
         floored 8 below its own maximum (as the library does for each audio of a batch)."""
-        stft = torch.stft(waveforms, self.n_fft, self.hop, window=self.window, return_complex=True)
-        magnitudes = (stft[..., :-1].abs() ** 2).contiguous()
+        half = self.n_fft // 2
+        padded = F.pad(waveforms[:, None], (half, half), mode="reflect")[:, 0]
+        return self._log_spectra(padded, [waveforms.shape[1] // self.hop] * waveforms.shape[0])
+
+    def _log_spectra(self, padded: torch.Tensor, frames: list[int]) -> torch.Tensor:
+        """[rows, mel_bins, max(frames)] from reflect-padded rows [rows, samples]: row i's first `frames[i]` frames
+        are its features; its floor is 8 below its own maximum over them."""
+        width = max(frames)
+        stft = torch.stft(padded, self.n_fft, self.hop, window=self.window, center=False, return_complex=True)
+        magnitudes = (stft[..., :width].abs() ** 2).contiguous()
         log_spec = torch.clamp(self.filters.T @ magnitudes, min=1e-10).log10()
-        log_spec = torch.maximum(log_spec, log_spec.max(dim=2, keepdim=True)[0].max(dim=1, keepdim=True)[0] - 8.0)
+        if min(frames) < width:  # the shorter rows' padding frames stay out of their maximum
+            valid = to_device(torch.arange(width)[None] < torch.tensor(frames)[:, None], padded.device)
+            peak = log_spec.masked_fill(~valid[:, None], -math.inf).amax(dim=(1, 2), keepdim=True)
+        else:
+            peak = log_spec.amax(dim=(1, 2), keepdim=True)
+        log_spec = torch.maximum(log_spec, peak - 8.0)
         return (log_spec + 4.0) / 4.0
 
 
@@ -84,7 +112,7 @@ class AudioRequest:
     """A stretch of caller audio to encode, as a session's job hands it to the worker (`yield`): the worker
     encodes the requests of several sessions in one pass (`encode`) and sends back each one's output."""
 
-    features: torch.Tensor  # log-mel [mel_bins, frames]
+    samples: np.ndarray  # 16 kHz float32 mono (the round makes every request's log-mel at once: `LogMel.many`)
 
 
 def encode(tower, features: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -295,8 +295,7 @@ class CallContext:
 
     def _audio_piece(self, samples: np.ndarray) -> Prefilling[Piece]:
         """Encode a stretch of the turn's audio, with the video seconds that start in it."""
-        features = self.core.log_mel(samples)
-        encoded = yield audio_input.AudioRequest(features)
+        encoded = yield audio_input.AudioRequest(samples)
         turn, per_second = self.turn, self.turn.layout.per_second
         seconds: list = []
         if turn.layout.video:

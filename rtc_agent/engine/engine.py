@@ -133,7 +133,7 @@ class Engine:
         return results
 
     def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
-        return self.audio_encoder([r.features for r in requests])
+        return self.audio_encoder(self.log_mel.many([r.samples for r in requests]))
 
     def speaker_id(self, voice: str) -> int:
         return self.model.config.talker_config.speaker_id[voice]
