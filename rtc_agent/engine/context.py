@@ -556,10 +556,11 @@ class CallContext:
         speaks = self.talker is not None and self.options.speech
         first = yield TokenRequest(last, self.options.thinker_sampling, self.generator, allowed,
                                    header if speaks else None)
-        answer.add_first_token(first.token)
+        calls_first = answer.calls is not None  # (whether it speaks depends on the token: a function call's start)
+        if calls_first:
+            answer.add_first_token(first.token)
         if speaks and not answer.calling:
             answer.spoken = True
-            answer.thinker_done = answer.thinker_done or len(answer.tokens) >= self.options.max_answer_tokens
             side = self.core.pool.side_stream
             if side is not None:  # the Thinker's side-stream steps come after its prefill on this stream
                 side.wait_stream(torch.cuda.current_stream())
@@ -570,6 +571,10 @@ class CallContext:
             answer.speaking = True
         elif user_part is not None:  # no spoken answer: the Talker keeps the turn for the answers that speak
             yield from self.talker.prefill_user_part(user_part)
+        if not calls_first:  # read once the Talker's prefill is queued (`FirstToken`)
+            answer.add_first_token(first.token)
+        if answer.spoken:
+            answer.thinker_done = answer.thinker_done or len(answer.tokens) >= self.options.max_answer_tokens
         return answer
 
     def trim_last_answer(self, frames_played: int) -> None:

@@ -137,12 +137,21 @@ class TokenRequest:
 
 @dataclass(frozen=True)
 class FirstToken:
-    """What `SlotPool.first_tokens` sends back for a `TokenRequest`: the token and, for a request with a `header`,
-    the Talker's text input of the header and the token [1, len(header) + 1, hidden] (projected with the other
-    requests' in one pass, on the device)."""
+    """What `SlotPool.first_tokens` sends back for a `TokenRequest`: the token (row `row` of the round's `tokens`,
+    on their way to the host) and, for a request with a `header`, the Talker's text input of the header and the
+    token [1, len(header) + 1, hidden] (projected with the other requests' in one pass, on the device).
 
-    token: int
+    The token is read when first asked for, not by the round: the sessions' host work up to their Talker
+    prefills then runs while the GPU is still at the round's Thinker prefill, instead of after it (a burst of 24
+    turn ends on the H200: ≈ 20 ms of that host work with the GPU idle)."""
+
+    tokens: HostCopy
+    row: int
     talker_text: torch.Tensor | None
+
+    @property
+    def token(self) -> int:
+        return int(self.tokens.get()[self.row])
 
 
 class SlotPool:
@@ -316,8 +325,8 @@ class SlotPool:
         return self._batched_prefill(rows, [(r.slot.index, r.slot.cache, r.embeds) for r in requests])
 
     def first_tokens(self, requests: list[TokenRequest]) -> list[FirstToken]:
-        """Each request's token, as `choose` picks it for that row alone (`choose_rows`), read back at once; the
-        Talker's text inputs of the requests with a header, queued before that read back."""
+        """Each request's token, as `choose` picks it for that row alone (`choose_rows`), on its way to the host
+        (`FirstToken.token` waits for it); the Talker's text inputs of the requests with a header."""
         logits = self.core.model.thinker.lm_head(torch.cat([r.hidden.reshape(1, -1) for r in requests]))
         for i, request in enumerate(requests):
             if request.allowed is not None:
@@ -332,7 +341,9 @@ class SlotPool:
             ids = torch.cat((header.expand(len(speaking), -1), chosen[:, None]), dim=1)
             projected = self.core.project_text(self.core.model.thinker.model.language_model.embed_tokens(ids))
             texts = {i: projected[n:n + 1] for n, i in enumerate(speaking)}
-        return [FirstToken(token, texts.get(i)) for i, token in enumerate(tokens.tolist())]
+        host = HostCopy(tuple(tokens.shape), tokens.dtype, tokens.device)  # (each round its own: read later)
+        host.start(tokens)
+        return [FirstToken(host, i, texts.get(i)) for i in range(len(requests))]
 
     def start_tokens(self, rows: list, samplings: list[Sampling], overlap: bool,
                      constraints: dict[int, Constraint] | None = None) -> None:
