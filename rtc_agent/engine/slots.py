@@ -125,7 +125,7 @@ class TokenRequest:
     """The first token of an answer, chosen from the Thinker's hidden state at the end of its prefill (`hidden`
     [1, hidden] or [1, 1, hidden]) under the session's sampling with its slot's generator; `allowed`: the tokens a
     function call's grammar lets it start with (`TokenMasks` words [1, words]; None: any). The worker chooses the
-    tokens of every session in a round at once (`SlotPool.first_tokens`: one lm_head, one draw, one read back)
+    tokens of every session in a round at once (`SlotPool.first_tokens`: one lm_head, one draw, one copy back)
     and sends back a `FirstToken`."""
 
     hidden: torch.Tensor
