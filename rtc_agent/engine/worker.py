@@ -343,18 +343,18 @@ class Worker:
         request runs even where its stage is earlier than the round's, and from the round's stage on they go with
         it. In a burst of 24 turn ends whose audio came over 20 ms, the round started by the first 2 held the other
         22 for its whole length (65 ms on the H200) before their own round could start."""
-        done, ran = -1, set()  # the last stage run; the jobs that have run a stage in this round (their ids)
+        done, ran = -1, set()  # the last stage run; the jobs that have run a stage in this round (their `order`)
         while True:
             stages = {key: self._stage_of(entry.request) for key, entry in waiting.items()}
             ready = {key: stage for key, stage in stages.items()
-                     if stage > done or id(waiting[key].job) not in ran}
+                     if stage > done or waiting[key].job.order not in ran}
             if not ready:
                 return
             if done >= 0 and self._running_short():  # (one step at most between two stages: the round goes on)
                 self._step_answers()
             done = min(ready.values())
             entries = [waiting.pop(key) for key, stage in ready.items() if stage == done]
-            ran.update(id(entry.job) for entry in entries)
+            ran.update(entry.job.order for entry in entries)
             self._run_stage(entries, waiting)
 
     def _run_stage(self, entries: list[_Waiting], waiting: dict[Any, _Waiting]) -> None:
