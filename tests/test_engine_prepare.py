@@ -1,6 +1,6 @@
 """An answer made ready at a pause in the caller's turn (`Session.prepare_answer`, what the call server does during
-its hang-over): the same answer as the turn gives without it, undone exactly when the caller goes on, and nothing
-left behind when the call ends instead. Seeded sampling, so that a random state not put back would show."""
+its hang-over, its first frame of speech included): the same answer as the turn gives without it, undone exactly
+when the caller goes on, and nothing left behind when the call ends instead. Seeded sampling, so that a random state not put back would show."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,9 +12,9 @@ from rtc_agent.engine.talker import TalkerRow
 OPTIONS = SessionOptions(seed=7, max_answer_tokens=6, max_frames=8)
 
 
-def _answer(result) -> tuple[list[int], list[tuple[int, ...]]]:
+def _answer(result) -> tuple[list[int], list[tuple[int, ...]], list[bytes]]:
     texts, frames, done = result
-    return list(done.token_ids), [f.codes for f in frames]
+    return list(done.token_ids), [f.codes for f in frames], [f.samples.tobytes() for f in frames]
 
 
 async def _turns(session, pieces: list[np.ndarray | str]) -> list:
@@ -47,7 +47,8 @@ def test_a_prepared_answer_is_the_answer_the_turn_gives_at_its_end():
     at_the_end = _run_turns([said, "respond", next_turn, "respond"])
     assert [_answer(a) for a in prepared] == [_answer(a) for a in at_the_end]
     for _, frames, done in prepared:
-        assert frames and done.metrics["ready_before_ms"] >= 0 and done.metrics["ttft_ms"] < done.metrics["ttfp_ms"]
+        assert frames and done.metrics["ready_before_ms"] >= 0 and done.metrics["ttft_ms"] <= done.metrics["ttfp_ms"]
+        assert done.metrics["frames_ready"] == 1  # its first frame was made before the turn's end
 
 
 def test_speech_after_the_pause_undoes_the_prepared_answer_exactly():

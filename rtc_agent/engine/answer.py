@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -142,18 +142,30 @@ def tick(pool: SlotPool, answers: list[Answer]) -> None:
     for answer in answers:
         if answer.speaking and answer.interrupted_at is not None:
             answer.end_speech()
-    groups: dict[tuple[Sampling, ...], list[Answer]] = {}
-    for answer in answers:
-        if answer.speaking:
-            groups.setdefault(_sampling_key(answer), []).append(answer)
-    for group in groups.values():
-        _frames(pool, group)
+    speak(pool, [a for a in answers if a.speaking])
     writing = [a for a in answers if a.writes]
     if writing:
         _tokens(pool, writing, overlap=False)
     for answer in answers:
         if not answer.done and not answer.speaking and not answer.writes:
             answer.finish()
+
+
+def speak(pool: SlotPool, answers: list[Answer]) -> None:
+    """The next frame of each of `answers` (answers that speak), one batched step per sampling group."""
+    groups: dict[tuple[Sampling, ...], list[Answer]] = {}
+    for answer in answers:
+        groups.setdefault(_sampling_key(answer), []).append(answer)
+    for group in groups.values():
+        _frames(pool, group)
+
+
+@dataclass(frozen=True)
+class FrameRequest:
+    """A prepared answer's first frame (`CallContext.prepare_answer`): the worker makes the first frames of every
+    answer prepared in a round in one batched step (`speak`), the last stage of the round."""
+
+    answer: Answer
 
 
 def _sampling_key(answer: Answer) -> tuple[Sampling, ...]:

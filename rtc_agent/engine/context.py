@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import audio_input, vision_input
-from .answer import Answer
+from .answer import Answer, FrameRequest
 from .caller_video import CallerVideo
 from .events import INPUT_SAMPLE_RATE, Event
 from .graphs import short_prefill_fits, to_device
@@ -472,10 +472,15 @@ class CallContext:
     # ----- answer ----------------------------------------------------------------------------------------------
     def prepare_answer(self) -> Prefilling[bool]:
         """The caller paused and may be done: prefill the rest of the turn and its end, and make the answer ready
-        (its first token chosen, the Talker's prefix prefilled) without starting it. `begin_answer` then starts it
-        at once, the audio pushed after this point being the turn's trailing silence, which it leaves out; any
-        other change to the turn (audio, text, an abort) undoes it first. Returns whether an answer is ready (not
-        for a turn with typed text, or whose audio is not prefilled in chunks).
+        (its first token chosen, the Talker's prefix prefilled, its first frame of speech made) without starting
+        it. `begin_answer` then starts it at once, the audio pushed after this point being the turn's trailing
+        silence, which it leaves out; any other change to the turn (audio, text, an abort) undoes it first.
+        Returns whether an answer is ready (not for a turn with typed text, or whose audio is not prefilled in
+        chunks).
+
+        The first frame is made here, in the round's last stage with the other answers prepared in it, so that
+        the turn's end costs no step of the GPU: with 24 callers ending their turns at once such a step took
+        45 ms, which each of them waited after their verdict (docs/PERFORMANCE.md, twenty-fourth session).
 
         The audio still pending goes into the answer's own prefill (one prefill, not two, at every pause), and an
         undo gives it back as pending. A turn not yet open, or with video, is flushed first: opening a turn and
@@ -493,6 +498,8 @@ class CallContext:
         events: list[Event] = []
         answer = yield from self._start_answer(events.append, time.perf_counter())
         self.slot.answer = None  # not the slot's answer until it starts (a call that ends now just drops it)
+        if answer.speaking:
+            yield FrameRequest(answer)
         self.prepared = Prepared(answer, events, before, pending, cache, talker, generator, time.perf_counter())
         return True
 
@@ -507,6 +514,7 @@ class CallContext:
         if prepared.talker_length is not None:
             self.talker.user_length = prepared.talker_length
             self.talker.cache.crop(prepared.talker_length)
+            self.code2wav.reset()  # (its first frame was decoded; every answer's speech starts from none)
         self.generator.set_state(prepared.generator)
 
     def begin_answer(self, emit: Callable[[Event], None], asked_at: float) -> Prefilling[Answer]:
@@ -525,7 +533,11 @@ class CallContext:
             emit(event)
         if answer.tokens:  # its first token goes out now, made before
             answer.metrics["ttft_ms"] = (now - asked_at) * 1e3
+        if answer.frames:  # and its first frame: the playout starts now
+            answer.metrics["ttfp_ms"] = (now - asked_at) * 1e3
+            answer.first_frame_at = now
         answer.metrics["ready_before_ms"] = (now - prepared.ready_at) * 1e3
+        answer.metrics["frames_ready"] = answer.frames
         self.slot.answer = answer
         return answer
 

@@ -21,7 +21,7 @@ import torch
 
 from . import audio_input, vision_input
 from .kernels import attention, moe, norm, rotary
-from .answer import Answer, tick
+from .answer import Answer, FrameRequest, speak, tick
 from .context import CallContext, TokenIds
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .graphs import batch_sizes, to_device
@@ -36,7 +36,8 @@ from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest)  # a round's, in order
+REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest,  # a round's,
+                  FrameRequest)  # in order
 PREPARE_AFTER_SILENCE_MS = 160  # a call server prepares the answer after a pause this long (commas pause 96-160 ms)
 
 
@@ -115,22 +116,26 @@ class Engine:
         return self.project_text(lm.embed_tokens(to_device(torch.tensor(ids), self.device)))
 
     def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest | TokenRequest |
-                                          TalkerPrefillRequest]) -> list[Any]:
+                                          TalkerPrefillRequest | FrameRequest]) -> list[Any]:
         """A stage of the worker's round, results in order: every stretch of audio in one pass of the audio
         encoder, or every Thinker prefill in one batched step, or every answer's first token in one draw, or every
-        Talker prefill in one batched step (each session has at most one request in a stage; the worker runs them
-        in `REQUEST_STAGES` order)."""
+        Talker prefill in one batched step, or every prepared answer's first frame in one batched step (each
+        session has at most one request in a stage; the worker runs them in `REQUEST_STAGES` order)."""
         results: list[Any] = [None] * len(requests)
         kinds = [(audio_input.AudioRequest, self._encode), (PrefillRequest, self.pool.prefill),
                  (TokenRequest, self.pool.first_tokens)]
         if self.pool.talker is not None:
-            kinds.append((TalkerPrefillRequest, self.pool.talker.prefill))
+            kinds += [(TalkerPrefillRequest, self.pool.talker.prefill), (FrameRequest, self._first_frames)]
         for kind, run in kinds:
             index = [i for i, r in enumerate(requests) if isinstance(r, kind)]
             if index:
                 for i, result in zip(index, run([requests[i] for i in index])):
                     results[i] = result
         return results
+
+    def _first_frames(self, requests: list[FrameRequest]) -> list[None]:
+        speak(self.pool, [r.answer for r in requests])
+        return [None] * len(requests)
 
     def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
         return self.audio_encoder(self.log_mel.many([r.samples for r in requests]))
