@@ -122,7 +122,8 @@ class TokenIds:
 
 
 T = TypeVar("T")
-Prefilling = Generator[PrefillRequest | TalkerPrefillRequest | audio_input.AudioRequest, Any, T]  # see `CallContext`
+Prefilling = Generator[PrefillRequest | TalkerPrefillRequest | audio_input.AudioRequest | TokenRequest | FrameRequest,
+                       Any, T]  # see `CallContext`
 
 
 class CallContext:
@@ -131,10 +132,10 @@ class CallContext:
 
     The methods that take in the caller's turn (`add_audio`, `flush`, `prepare_answer`, `begin_answer`) are
     generators: each stretch of audio to encode is yielded as an `AudioRequest`, each short Thinker prefill as a
-    `PrefillRequest`, an answer's first token as a `TokenRequest` and each short Talker prefill (a user part, an
-    answer's prefix) as a `TalkerPrefillRequest`, and the worker sends back the result once it has run it,
-    batched with the requests of other sessions that came at the same moment (`Engine.run_requests`). The worker
-    drives them; `run_now` drives one here and now."""
+    `PrefillRequest`, an answer's first token as a `TokenRequest`, each short Talker prefill (a user part, an
+    answer's prefix) as a `TalkerPrefillRequest` and a prepared answer's first frame as a `FrameRequest`, and the
+    worker sends back the result once it has run it, batched with the requests of other sessions that came at the
+    same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one here and now."""
 
     def __init__(self, core, slot: Slot, options: SessionOptions) -> None:
         self.core = core

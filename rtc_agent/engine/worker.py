@@ -13,7 +13,8 @@ because another caller started talking, while the callers who are talking still 
 A job may be a generator (a session's turn work, see `CallContext`): it yields requests (audio to encode, a short
 Thinker or Talker prefill, an answer's first token). The worker then starts every queued job of the other sessions
 too, up to their first request, and runs all the requests as one round, stage by stage (`run_requests` per stage:
-one pass of the audio encoder, one batched Thinker prefill, one draw of first tokens, one batched Talker prefill);
+one pass of the audio encoder, one batched Thinker prefill, one draw of first tokens, one batched Talker prefill,
+one batched step for the first frames of prepared answers);
 a job whose next request belongs to a later stage goes on in the same round. Rounds follow each other until the
 jobs are done. Eight callers who end their turns at the same moment so cost about one turn end's launches and
 weight reads instead of eight. Within a round, between one session's rest of the work and the next (host work:
