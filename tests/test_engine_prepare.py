@@ -33,8 +33,9 @@ async def _turns(session, pieces: list[np.ndarray | str]) -> list:
     return answers
 
 
-def _run_turns(pieces: list) -> list:
-    session = engine_for(prefill_chunk_s=1.0).new_session(OPTIONS)
+def _run_turns(pieces: list, first_frame: bool | None = True) -> list:
+    """`first_frame`: EngineOptions.first_frame_in_preparation (None: the default, which on the CPU is off)."""
+    session = engine_for(prefill_chunk_s=1.0, first_frame_in_preparation=first_frame).new_session(OPTIONS)
     try:
         return run(_turns(session, pieces))
     finally:
@@ -49,6 +50,9 @@ def test_a_prepared_answer_is_the_answer_the_turn_gives_at_its_end():
     for _, frames, done in prepared:
         assert frames and done.metrics["ready_before_ms"] >= 0 and done.metrics["ttft_ms"] <= done.metrics["ttfp_ms"]
         assert done.metrics["frames_ready"] == 1  # its first frame was made before the turn's end
+    without_frame = _run_turns([said, "prepare", "respond"], first_frame=None)  # (the CPU's default)
+    assert [_answer(a) for a in without_frame] == [_answer(a) for a in at_the_end[:1]]
+    assert without_frame[0][2].metrics["frames_ready"] == 0
 
 
 def test_speech_after_the_pause_undoes_the_prepared_answer_exactly():

@@ -473,15 +473,16 @@ class CallContext:
     # ----- answer ----------------------------------------------------------------------------------------------
     def prepare_answer(self) -> Prefilling[bool]:
         """The caller paused and may be done: prefill the rest of the turn and its end, and make the answer ready
-        (its first token chosen, the Talker's prefix prefilled, its first frame of speech made) without starting
-        it. `begin_answer` then starts it at once, the audio pushed after this point being the turn's trailing
+        (its first token chosen, the Talker's prefix prefilled and, on a GPU, its first frame of speech made)
+        without starting it. `begin_answer` then starts it at once, the audio pushed after this point being the turn's trailing
         silence, which it leaves out; any other change to the turn (audio, text, an abort) undoes it first.
         Returns whether an answer is ready (not for a turn with typed text, or whose audio is not prefilled in
         chunks).
 
-        The first frame is made here, in the round's last stage with the other answers prepared in it, so that
-        the turn's end costs no step of the GPU: with 24 callers ending their turns at once such a step took
-        45 ms, which each of them waited after their verdict (docs/PERFORMANCE.md, twenty-fourth session).
+        The first frame is made here (`EngineOptions.first_frame_in_preparation`), in the round's last stage with
+        the other answers prepared in it, so that the turn's end costs no step of the GPU: with 24 callers ending
+        their turns at once such a step took 45 ms, which each of them waited after their verdict
+        (docs/PERFORMANCE.md, twenty-fourth session).
 
         The audio still pending goes into the answer's own prefill (one prefill, not two, at every pause), and an
         undo gives it back as pending. A turn not yet open, or with video, is flushed first: opening a turn and
@@ -499,7 +500,7 @@ class CallContext:
         events: list[Event] = []
         answer = yield from self._start_answer(events.append, time.perf_counter())
         self.slot.answer = None  # not the slot's answer until it starts (a call that ends now just drops it)
-        if answer.speaking:
+        if answer.speaking and self.core.first_frame_in_preparation:
             yield FrameRequest(answer)
         self.prepared = Prepared(answer, events, before, pending, cache, talker, generator, time.perf_counter())
         return True

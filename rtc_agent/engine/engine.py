@@ -53,6 +53,8 @@ class Engine:
         self.dtype = loaded.dtype
         self.speech = not options.text_only
         self.cuda_graphs = options.cuda_graphs and self.device.type == "cuda"
+        self.first_frame_in_preparation = (self.device.type == "cuda" if options.first_frame_in_preparation is None
+                                           else options.first_frame_in_preparation)
         moe.install(self.model, enabled=options.fast_moe and self.device.type == "cuda")
         attention.install(self.model, enabled=options.fast_attention and self.device.type == "cuda")
         norm.install(self.model, enabled=options.fast_norm and self.device.type == "cuda")

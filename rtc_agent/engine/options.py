@@ -32,6 +32,10 @@ class EngineOptions:
     max_frames: int = 1024  # 82 s of speech
     max_sessions: int = 0  # session slots made at start-up; 0: as many as fit in GPU memory (4 on the CPU)
     cuda_graphs: bool = True  # decode steps as CUDA graphs (GPU only)
+    # A prepared answer's first frame made in its preparation (CallContext.prepare_answer); None: on a GPU only. On
+    # a 2-core CPU a frame of the tiny model takes 33-71 ms, near real time with an answer playing, and a pause the
+    # caller talks through throws that frame away; on a GPU it is one batched step of the round's preparations.
+    first_frame_in_preparation: bool | None = None
     video_window_s: int = 30  # seconds of caller video kept in the context (one grid of tokens each); 0: no video
     video_still_threshold: float = 2.0  # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
     fast_moe: bool = True  # single-token MoE kernels for decode (moe.py; CUDA with Triton only)
