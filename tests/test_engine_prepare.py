@@ -1,6 +1,7 @@
 """An answer made ready at a pause in the caller's turn (`Session.prepare_answer`, what the call server does during
 its hang-over, its first frame of speech included): the same answer as the turn gives without it, undone exactly
-when the caller goes on, and nothing left behind when the call ends instead. Seeded sampling, so that a random state not put back would show."""
+when the caller goes on, and nothing left behind when the call ends instead. Seeded sampling, so that a random
+state not put back would show."""
 from __future__ import annotations
 
 import numpy as np

@@ -474,10 +474,10 @@ class CallContext:
     def prepare_answer(self) -> Prefilling[bool]:
         """The caller paused and may be done: prefill the rest of the turn and its end, and make the answer ready
         (its first token chosen, the Talker's prefix prefilled and, on a GPU, its first frame of speech made)
-        without starting it. `begin_answer` then starts it at once, the audio pushed after this point being the turn's trailing
-        silence, which it leaves out; any other change to the turn (audio, text, an abort) undoes it first.
-        Returns whether an answer is ready (not for a turn with typed text, or whose audio is not prefilled in
-        chunks).
+        without starting it. `begin_answer` then starts it at once, the audio pushed after this point being the
+        turn's trailing silence, which it leaves out; any other change to the turn (audio, text, an abort) undoes
+        it first. Returns whether an answer is ready (not for a turn with typed text, or whose audio is not
+        prefilled in chunks).
 
         The first frame is made here (`EngineOptions.first_frame_in_preparation`), in the round's last stage with
         the other answers prepared in it, so that the turn's end costs no step of the GPU: with 24 callers ending
