@@ -65,8 +65,28 @@ def end_of_turn_model(scorer: str, shifts: tuple[int, ...] = (0,)) -> Callable[[
     return lambda audio: float(np.mean([one(audio[:len(audio) - shift]) for shift in shifts]))
 
 
+def speech_end(audio: np.ndarray, until: int, look_back: int = RATE // 4) -> int:
+    """The sample just after the last sound before `until`, to a millisecond: the last 5 ms window (1 ms hop) of
+    the `look_back` samples before it whose RMS is within 35 dB of the loudest windows (95th percentile) of the
+    last 8 s; `until` itself when every window is sound."""
+    window, hop = RATE // 200, RATE // 1000
+    recent = audio[max(0, until - RATE * WINDOW_S):until]
+    frames = np.lib.stride_tricks.sliding_window_view(recent, window)[::hop]
+    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
+    floor = np.percentile(rms, 95) * 10 ** (-35 / 20)
+    sound = np.flatnonzero(rms[-(look_back // hop):] > floor)
+    if not len(sound):
+        return until - look_back
+    last = len(rms) - look_back // hop + sound[-1]  # the last loud window, counted in hops
+    return min(until, max(0, until - len(recent)) + last * hop + window)
+
+
 def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
-                 scorer: str = "onnxruntime", shifts: tuple[int, ...] = (0,)) -> list[dict[str, Any]]:
+                 scorer: str = "onnxruntime", shifts: tuple[int, ...] = (0,), cut: str = "chunk"
+                 ) -> list[dict[str, Any]]:
+    """`cut`: "chunk" scores the turn up to the end of the chunk at hand, as the server does; "speech-end" up to
+    the last sound (`speech_end`, found when the silence begins) plus the silence run so far, so that the model
+    sees the same stretch of silence, on the same log-mel frame grid, whatever the chunk phase."""
     model, vad, turn = end_of_turn_model(scorer, shifts), SpeechProbability(), TurnSettings()
     hear = last_words.shared_last_words() if last_words.installed() else None
     first_check = EAGERNESS["auto"].first_check_ms
@@ -83,9 +103,11 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
             if run == CHUNK_MS:  # a silence begins (as silero counts it, at the start of this chunk's run)
                 heard = evidence(audio[max(0, end - RATE * WINDOW_S - CHUNK_SAMPLES):end], CHUNK_MS)
                 silences.append({"begins_ms": (end - CHUNK_SAMPLES) * 1000 // RATE, "scores": [],
-                                 "evidence": heard and dataclasses.asdict(heard)})
+                                 "evidence": heard and dataclasses.asdict(heard),
+                                 "sound_ends": speech_end(audio, end - CHUNK_SAMPLES)})
             if run and len(silences[-1]["scores"]) < LONGEST_MS // CHUNK_MS:
-                silences[-1]["scores"].append(round(model(audio[:end]), 4))
+                until = end if cut == "chunk" else min(end, silences[-1]["sound_ends"] + run * RATE // 1000)
+                silences[-1]["scores"].append(round(model(audio[:until]), 4))
             if run == first_check and hear is not None:  # the words as the first check hears them
                 text, p = hear(audio[max(0, end - RATE * WINDOW_S):end])
                 silences[-1].update(words=text, end_p=p)
@@ -212,6 +234,9 @@ def main() -> None:
                         "(torch ops: engine/turn_scoring.py; here on the CPU)")
     p.add_argument("--shifts", default="0", help="score the mean of the verdicts on the turn less these many "
                    "samples at its end, comma-separated (the log-mel frame grid moves with them; 160 a frame)")
+    p.add_argument("--cut", choices=("chunk", "speech-end"), default="chunk",
+                   help="score the turn up to the chunk's end (as the server does) or up to its last sound plus "
+                        "the silence run (the same silence on the same frame grid at every chunk phase)")
     p.add_argument("--out", help="keep the scores here (JSON)")
     p.add_argument("--load", nargs="+", help="scores made before (JSON files, taken together) instead of --set")
     p.add_argument("--search", action="store_true", help="look for the fastest policies that keep --floor")
@@ -221,7 +246,7 @@ def main() -> None:
         rows = [row for path in args.load for row in json.loads(Path(path).read_text())]
     else:
         rows = trajectories(args.set, args.kinds.split(","), args.continuation, args.voice, args.scorer,
-                           tuple(int(x) for x in args.shifts.split(",")))
+                           tuple(int(x) for x in args.shifts.split(",")), args.cut)
     if args.out:
         Path(args.out).write_text(json.dumps(rows))
     tails = [r["vad_tail_ms"] for r in rows if r["kind"] in FINISHED]
