@@ -68,7 +68,7 @@ def end_of_turn_model(scorer: str, shifts: tuple[int, ...] = (0,)) -> Callable[[
 def speech_end(audio: np.ndarray, until: int, look_back: int = RATE // 4) -> int:
     """The sample just after the last sound before `until`, to a millisecond: the last 5 ms window (1 ms hop) of
     the `look_back` samples before it whose RMS is within 35 dB of the loudest windows (95th percentile) of the
-    last 8 s; `until` itself when every window is sound."""
+    last 8 s (`until - look_back` when none of them is)."""
     window, hop = RATE // 200, RATE // 1000
     recent = audio[max(0, until - RATE * WINDOW_S):until]
     frames = np.lib.stride_tricks.sliding_window_view(recent, window)[::hop]
@@ -104,7 +104,7 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
                 heard = evidence(audio[max(0, end - RATE * WINDOW_S - CHUNK_SAMPLES):end], CHUNK_MS)
                 silences.append({"begins_ms": (end - CHUNK_SAMPLES) * 1000 // RATE, "scores": [],
                                  "evidence": heard and dataclasses.asdict(heard),
-                                 "sound_ends": speech_end(audio, end - CHUNK_SAMPLES)})
+                                 "sound_ends": speech_end(audio, end - CHUNK_SAMPLES) if cut == "speech-end" else None})
             if run and len(silences[-1]["scores"]) < LONGEST_MS // CHUNK_MS:
                 until = end if cut == "chunk" else min(end, silences[-1]["sound_ends"] + run * RATE // 1000)
                 silences[-1]["scores"].append(round(model(audio[:until]), 4))

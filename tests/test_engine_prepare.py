@@ -53,7 +53,8 @@ def test_a_prepared_answer_is_the_answer_the_turn_gives_at_its_end():
         assert done.metrics["frames_ready"] == 1  # its first frame was made before the turn's end
     without_frame = _run_turns([said, "prepare", "respond"], first_frame=None)  # (the CPU's default)
     assert [_answer(a) for a in without_frame] == [_answer(a) for a in at_the_end[:1]]
-    assert without_frame[0][2].metrics["frames_ready"] == 0
+    metrics = without_frame[0][2].metrics
+    assert metrics["frames_ready"] == 0 and metrics["ttft_ms"] < metrics["ttfp_ms"]  # (its first frame came after)
 
 
 def test_speech_after_the_pause_undoes_the_prepared_answer_exactly():
