@@ -31,7 +31,8 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import numpy as np
 
 from .config import TurnSettings
-from .engine import PREPARE_AFTER_SILENCE_MS, EngineOutOfMemory
+from .engine.memory import EngineOutOfMemory
+from .engine.options import PREPARE_AFTER_SILENCE_MS
 from .engine.events import (Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
                             ToolCallStarted)
 from .engine.tools import ToolSet

@@ -2,7 +2,9 @@
 that dies and is resumed with the token from session.created.
 
 Each test runs its server (the tiny model) and its aiortc caller in a private network namespace of its own
-(netns_support). Loss, jitter and reordering: the caller goes relay-only through Debian's coturn, and its TURN
+(netns_support). Loss, jitter and reordering: the server is `rtc-agent serve` as a user starts it, split into its
+engine process and a media process (so that the impairer and the caller, in this process, do not share a core's
+worth of the engine's interpreter), the caller goes relay-only through Debian's coturn, and its TURN
 traffic passes udp_impairer (caller -> impairer -> coturn -> agent), the stand-in for `tc netem`, which this
 kernel lacks; so every media packet of the call, both directions, is impaired. The blackout drops all UDP on the
 namespace's loopback with nftables. Measured numbers are printed (pytest -s shows them).
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -23,9 +27,10 @@ from rtc_agent.client.microphone import Microphone
 from rtc_agent.client.peer import Call, CallError, server_ice_servers
 from rtc_agent.server.state import STATE
 
-from netns_support import Faults, needs_namespaces, private_network
+from netns_support import Faults, needs_namespaces, private_network, start, stop
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
 from rtc_support import RecordingEngine, caller, metric, metrics_text, needs_espeak, run, say, server
+from test_processes import URL, until_ready
 from turn_support import SECRET, TURN_PORT, coturn, needs_coturn
 from udp_impairer import Impairment, UdpImpairer
 
@@ -83,21 +88,26 @@ def in_private_network(coro_fn: Any) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def impaired_call(tmp_path: Path, **overrides: Any
+async def impaired_call(tmp_path: Path, max_answer_s: float
                         ) -> AsyncIterator[tuple[Call, Microphone, str, UdpImpairer]]:
-    """A server, coturn, the impairer in front of coturn (the TURN URL the server hands out names it), and a
-    relay-only caller connected through them; yields (call, mic, server URL, impairer)."""
-    async with coturn(tmp_path / "coturn.log"), \
-            server(turn_urls=(f"turn:127.0.0.1:{IMPAIRER_PORT}?transport=udp",), turn_secret=SECRET,
-                   **overrides) as (url, _):
+    """`rtc-agent serve`, coturn, the impairer in front of coturn (the TURN URL the server hands out names it),
+    and a relay-only caller connected through them; yields (call, mic, server URL, impairer)."""
+    async with coturn(tmp_path / "coturn.log"):
+        log = tmp_path / "serve.log"
+        proc = start([sys.executable, "-m", "rtc_agent.cli", "serve", "--port", URL.rsplit(":", 1)[1],
+                      "--media-processes", "1", "--device", "cpu", "--ice-host-address", "127.0.0.1",
+                      "--turn-detection", "server_vad", "--max-answer-s", str(max_answer_s),
+                      "--turn-url", f"turn:127.0.0.1:{IMPAIRER_PORT}?transport=udp", "--turn-secret", SECRET], log)
         impairer = UdpImpairer(IMPAIRER_PORT, ("127.0.0.1", TURN_PORT))
         try:
-            async with caller(url, ice_servers=await server_ice_servers(url), relay_only=True) as (call, mic):
+            await until_ready(proc, log, media=1)
+            async with caller(URL, ice_servers=await server_ice_servers(URL), relay_only=True) as (call, mic):
                 assert call.selected_candidate_types() == ("relay", "host")  # through coturn, so the impairer
                 await call.next_event("session.created", timeout_s=10)
-                yield call, mic, url, impairer
+                yield call, mic, URL, impairer
         finally:
             impairer.close()
+            stop(proc, signal.SIGINT, timeout_s=30)
 
 
 def answer_audio_share(call: Call, since: float, frames_sent: int) -> tuple[int, int]:

@@ -1,13 +1,26 @@
-"""The model side of rtc-agent: Qwen3-Omni's Thinker, Talker and Code2Wav, streamed (see engine.py)."""
-from .context import TurnTooLongError
-from .engine import PREPARE_AFTER_SILENCE_MS, Engine, EngineFullError, Session
-from .events import FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, TextDelta
-from .kv_cache import ContextFullError
-from .loader import ModelLoadError
-from .memory import EngineOutOfMemory, MemoryUse
-from .options import VOICES, EngineOptions, SessionOptions
-from .sampling import Sampling
+"""The model side of rtc-agent: Qwen3-Omni's Thinker, Talker and Code2Wav, streamed (see engine.py).
 
-__all__ = ["ContextFullError", "Engine", "PREPARE_AFTER_SILENCE_MS", "EngineFullError", "EngineOptions", "EngineOutOfMemory", "FRAME_SAMPLES", "INPUT_SAMPLE_RATE", "MemoryUse",
-           "ModelLoadError", "OUTPUT_SAMPLE_RATE", "ResponseDone", "Sampling", "Session", "SessionOptions", "SpeechFrame", "TextDelta",
-           "TurnTooLongError", "VOICES"]
+The names below load on first use (PEP 562): a media process imports `engine.events`, `engine.options` and
+`engine.remote` without pulling in transformers and the model code, which took 5 s of CPU at each process start,
+out of the cores that the calls' media and the engine share."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "TurnTooLongError": "context", "PREPARE_AFTER_SILENCE_MS": "options", "Engine": "engine",
+    "EngineFullError": "engine", "Session": "engine", "FRAME_SAMPLES": "events", "INPUT_SAMPLE_RATE": "events",
+    "OUTPUT_SAMPLE_RATE": "events", "ResponseDone": "events", "SpeechFrame": "events", "TextDelta": "events",
+    "ContextFullError": "kv_cache", "ModelLoadError": "loader", "EngineOutOfMemory": "memory", "MemoryUse": "memory",
+    "VOICES": "options", "EngineOptions": "options", "SessionOptions": "options", "Sampling": "sampling",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value

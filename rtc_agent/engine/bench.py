@@ -17,9 +17,9 @@ import torch
 from ..loop_lag import LoopLag
 from . import audio_input, sampling
 from .kernels import attention, moe, norm, rotary
-from .engine import PREPARE_AFTER_SILENCE_MS, Engine
+from .engine import Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, ToolCallDone
-from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions
+from .options import PREPARE_AFTER_SILENCE_MS, QUANTIZE_CHOICES, EngineOptions, SessionOptions
 from .tools import AnswerCalls, Tool, ToolSet
 from .graphs import rows_for
 

@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # a round's stages, in order
 REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest, FrameRequest)
-PREPARE_AFTER_SILENCE_MS = 160  # a call server prepares the answer after a pause this long (commas pause 96-160 ms)
 
 
 class Engine:

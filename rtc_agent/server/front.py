@@ -49,9 +49,23 @@ class MediaProcess:
     socket: Path
     pid: int | None = None
     ready: bool = False
-    calls: int = 0
-    dispatched: int = 0  # calls sent to it since its last /readyz (not yet in `calls`)
+    calls: int = 0  # sessions, as its latest /readyz said
+    # New calls sent to it that `calls` may not count yet: those whose answer has not come back, and those answered
+    # after its latest /readyz was asked (two offers a few ms apart each went to the same process when a /readyz
+    # asked before the first one's answer came back after it and cleared the count)
+    in_flight: int = 0
+    answered: int = 0  # new calls it has answered
+    counted: int = 0  # `answered` when its latest /readyz was asked
     http: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    @property
+    def load(self) -> int:
+        return self.calls + self.in_flight + self.answered - self.counted
+
+    def settle(self) -> None:
+        """A new call sent here was answered (or refused)."""
+        self.in_flight -= 1
+        self.answered += 1
 
     def client(self) -> aiohttp.ClientSession:
         if self.http is None or self.http.closed:
@@ -93,11 +107,12 @@ class Front:
         return None
 
     def least_loaded(self) -> MediaProcess:
+        """The ready process with the fewest calls; the caller `settle`s it once its answer is back."""
         ready = [p for p in self.media if p.ready]
         if not ready:
             raise ApiError(503, "not_ready", "no media process is ready", {"Retry-After": RETRY_AFTER_S})
-        process = min(ready, key=lambda p: p.calls + p.dispatched)
-        process.dispatched += 1
+        process = min(ready, key=lambda p: p.load)
+        process.in_flight += 1
         return process
 
     def any_ready(self) -> MediaProcess:
@@ -107,10 +122,11 @@ class Front:
                 return process
         return self.media[0]
 
-    def route(self, request: web.Request, body: bytes) -> MediaProcess:
+    def route(self, request: web.Request, body: bytes) -> tuple[MediaProcess, bool]:
+        """The process for a request, and whether it is a new call sent by load (to `settle` once answered)."""
         process = self.owner(request, body)
         if process is not None and (process.ready or self.draining or request.path != "/api/offer"):
-            return process
+            return process, False
         # (a resume offer whose process died, or is starting again: any ready one takes the call over)
         if (request.method, request.path) in NEW_CALLS:
             if self.engine.lost is not None:
@@ -118,8 +134,8 @@ class Front:
             if self.draining:
                 raise ApiError(503, "draining", "this server is shutting down and takes no new calls",
                                {"Retry-After": RETRY_AFTER_S})
-            return self.least_loaded()
-        return self.any_ready()
+            return self.least_loaded(), True
+        return self.any_ready(), False
 
     # ---- the media processes' state ------------------------------------------------------------------------
     async def watch(self) -> None:
@@ -128,6 +144,7 @@ class Front:
             await asyncio.sleep(POLL_S)
 
     async def _poll(self, process: MediaProcess) -> None:
+        answered = process.answered
         try:
             async with process.client().get("http://media/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
                 body = await r.json()
@@ -135,19 +152,19 @@ class Front:
             process.calls = int(body.get("sessions", 0))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             process.ready, process.calls = False, 0
-        process.dispatched = 0
+        process.counted = answered
 
     def forget(self, process: MediaProcess) -> None:
         """A media process died: nothing goes to it until it is back and ready."""
-        process.ready, process.calls, process.dispatched = False, 0, 0
+        process.ready, process.calls, process.counted = False, 0, process.answered
 
     # ---- handlers ---------------------------------------------------------------------------------------------
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         try:
             if request.headers.get("Upgrade", "").lower() == "websocket":
-                return await self._relay_websocket(request, self.route(request, b""))
+                return await self._relay_websocket(request, *self.route(request, b""))
             body = await asyncio.wait_for(request.read(), self.settings.request_timeout_s)
-            process = self.route(request, body)
+            process, new = self.route(request, body)
         except ApiError as exc:
             return exc.response()
         except asyncio.TimeoutError:
@@ -161,10 +178,13 @@ class Front:
                 log.warning("media process %s did not answer %s %s: %r", process.mark, request.method, request.path,
                             exc)
                 self.forget(process)
+            finally:
+                if new:
+                    process.settle()
             if not tries_left or (request.method, request.path) not in NEW_CALLS:
                 break
             try:  # an offer (a new call, or a resume: the engine kept the call) goes to another ready process
-                process = self.route(request, body)
+                process, new = self.route(request, body)
             except ApiError as exc:
                 return exc.response()
         return ApiError(502, "media_process_unavailable", "the process that holds this call is not answering; "
@@ -179,7 +199,7 @@ class Front:
             headers = CIMultiDict((k, v) for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP)
             return web.Response(status=r.status, body=payload, headers=headers)
 
-    async def _relay_websocket(self, request: web.Request, process: MediaProcess) -> web.StreamResponse:
+    async def _relay_websocket(self, request: web.Request, process: MediaProcess, new: bool) -> web.StreamResponse:
         """A Realtime WebSocket: the client's frames to the media process and back, until either side closes.
         If the media process dies, the client gets an `error` event, then the close."""
         try:
@@ -192,6 +212,9 @@ class Front:
             self.forget(process)
             return ApiError(503, "media_process_unavailable", "no media process took the call",
                             {"Retry-After": RETRY_AFTER_S}).response()
+        finally:
+            if new:
+                process.settle()
         client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
         await client.prepare(request)
 
