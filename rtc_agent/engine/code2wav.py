@@ -69,7 +69,8 @@ def _needed_input(module, samples: int) -> int:
         return samples + module.padding  # (its receptive field less one)
     if isinstance(module, Qwen3OmniMoeCausalTransConvNet):
         (kernel,), (stride,) = module.conv.kernel_size, module.conv.stride
-        return -(-(samples + kernel) // stride) - 1  # output t reads inputs i with i * stride <= t < i * stride + kernel
+        # (output t reads the inputs i with i * stride <= t < i * stride + kernel)
+        return -(-(samples + kernel) // stride) - 1
     if isinstance(module, Qwen3OmniMoeCode2WavDecoderResidualUnit):
         return _needed_input(module.conv1, _needed_input(module.conv2, samples))
     if isinstance(module, Qwen3OmniMoeCode2WavDecoderBlock):

@@ -12,17 +12,19 @@ One Python process cannot feed a GPU: every call's per-packet work and the engin
 only its calls with it: the engine closes their sessions (their slots come back) and a new media process takes
 its place. If the engine process dies, the front stays up and answers 503, and /readyz says why.
 
-CPU priorities, where the user may set them (root or CAP_SYS_NICE; else everything runs at the normal one): the
-engine process runs above the others, since every call's next frame waits on it; a media process started again
-while calls go on does its start-up (4 s of one core: Python, torch, aiortc) below them, then returns to the
-normal priority. On a 2-core machine, a restart next to a call playing an answer made 7-18 of its 50 frames late
-without them, 0-1 with them (the tiny model).
+CPU priorities, where the user may raise them (root or CAP_SYS_NICE; else everything runs at the normal one): the
+engine process runs above the media processes and they above the rest of the machine (nice -10 and -5), since
+every call's next frame waits on the engine and a call's packets on its media process; a media process started
+again while calls go on does its start-up (4 s of one core on a 2-core machine: Python, torch, aiortc) at +10,
+then takes its -5. On a slow 2-core machine (tiny model), a caller's answer during such a restart had 7 and 10 of
+its 50 frames late at the normal priorities, 0-4 in 9 runs with these (tests/test_processes.py).
 
 The sockets live in a private directory (0700) made at start-up and removed at the end.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -47,8 +49,10 @@ WATCH_S = 0.5
 STOP_S = 10.0  # how long a process may take to end after it is told to, before it is killed
 ENGINE_WAIT_S = 24 * 3600.0  # a real checkpoint may load for many minutes; a process that dies ends the wait
 CRASH_LOOP_S = 30.0  # a media process that dies this soon after its start is started again only this much later
-ENGINE_NICE = -10  # the engine process's CPU priority (nice value), where it may be raised
-RESTART_NICE = 10  # a media process's while it starts again next to live calls
+# Nice values, where they may be set (see above)
+ENGINE_NICE = -10  # the engine process
+MEDIA_NICE = -5  # a media process
+RESTART_NICE = 10  # a media process starting again next to live calls, until it has connected to the engine
 
 
 def media_process_count(settings: Settings) -> int:
@@ -75,20 +79,16 @@ async def _orphaned() -> None:
 
 
 def _set_nice(value: int) -> bool:
-    """This process's nice value (that of its main thread, which Linux sets, and of the threads it starts later);
+    """The nice value of this process's threads (Linux keeps one per thread; a new thread takes its creator's);
     False where a value below the current one is not allowed."""
+    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, value)
+        for task in tasks:
+            with contextlib.suppress(ProcessLookupError):  # (a thread that has ended since)
+                os.setpriority(os.PRIO_PROCESS, int(task), value)
     except PermissionError:
         return False
     return True
-
-
-def _may_raise_priority() -> bool:
-    normal = os.getpriority(os.PRIO_PROCESS, 0)
-    raised = _set_nice(normal - 1)
-    _set_nice(normal)
-    return raised
 
 
 def engine_main(settings: Settings, socket: str) -> None:
@@ -119,9 +119,8 @@ def engine_main(settings: Settings, socket: str) -> None:
 
 def media_main(settings: Settings, mark: str, socket: str, engine_socket: str, restart: bool) -> None:
     configure_logging(settings.log_level, mark)
-    # (a restart lowers its priority only where it can raise it back: else its calls would stay below the others')
-    normal = os.getpriority(os.PRIO_PROCESS, 0)
-    low = restart and _may_raise_priority() and _set_nice(normal + RESTART_NICE)
+    # (a restart lowers its priority only where it can raise it again: else its calls would stay below the others')
+    low = _set_nice(MEDIA_NICE) and restart and _set_nice(RESTART_NICE)
     import torch
 
     # silero-vad's products are tiny: more intra-op threads only spin, taking the cores the engine and the other
@@ -134,7 +133,7 @@ def media_main(settings: Settings, mark: str, socket: str, engine_socket: str, r
 
         engine = await RemoteEngine(engine_socket, mark).connect(ENGINE_WAIT_S)
         if low:
-            _set_nice(normal)
+            _set_nice(MEDIA_NICE)
         serving = asyncio.create_task(serve(settings, engine=engine, unix_path=socket, tag=mark + "."))
         orphaned = asyncio.create_task(_orphaned())
         await asyncio.wait([serving, orphaned], return_when=asyncio.FIRST_COMPLETED)
