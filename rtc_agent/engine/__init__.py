@@ -1,7 +1,7 @@
 """The model side of rtc-agent: Qwen3-Omni's Thinker, Talker and Code2Wav, streamed (see engine.py).
 
 The names below load on first use (PEP 562): a media process imports `engine.events`, `engine.options` and
-`engine.remote` without pulling in transformers and the model code, which took 5 s of CPU at each process start,
+`engine.remote` without pulling in transformers and the model code, which took 6 s of CPU at each process start,
 out of the cores that the calls' media and the engine share."""
 from __future__ import annotations
 
