@@ -71,8 +71,9 @@ class Settings:
     request_timeout_s: float = 15.0  # a request's headers, and its body, must arrive within this; idle keep-alive
     max_connections: int = 512  # open HTTP connections; more are closed as they are accepted
     media_processes: int = -1  # processes for the calls' media beside the engine's; 0: one process; -1: auto
-    end_of_turn_on: str = "media"  # media: Smart Turn on each media process's CPU; engine: on the engine's device,
-    # every call's verdicts batched (README: Turn-taking)
+    end_of_turn_on: str = "auto"  # media: Smart Turn on each media process's CPU; engine: on the engine's device,
+    # every call's verdicts batched; overflow: media, a process's decisions beyond one at a time on the engine;
+    # auto: overflow on a GPU, else media (README: Turn-taking)
     last_words: bool = False  # semantic_vad also hears the turn's last words (README: Turn-taking; off: why there)
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
@@ -163,7 +164,7 @@ def _installed_turn_detection(settings: Settings) -> Settings:
 
 
 QUANTIZE_CHOICES = ("none", "int4", "auto")
-END_OF_TURN_CHOICES = ("media", "engine")  # (as engine/options.py's, without importing torch here)
+END_OF_TURN_CHOICES = ("auto", "media", "overflow", "engine")  # (engine/options.py's, without importing torch)
 
 
 def validate(s: Settings) -> None:
@@ -305,9 +306,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                         "engine and the front on the port; 0: everything in one process; -1 (default): 0 on a CPU, "
                         "else one per core left, at most 8 (README: Processes)")
     p.add_argument("--end-of-turn-on", choices=END_OF_TURN_CHOICES,
-                   help="where semantic_vad's end-of-turn model runs: media (default: onnxruntime on the CPU of "
-                        "each call's process) or engine (on the engine's GPU, every call's verdicts batched: for a "
-                        "host short of cores; README: Turn-taking)")
+                   help="where semantic_vad's end-of-turn model runs: media (onnxruntime on the CPU of each call's "
+                        "process), engine (on the engine's GPU, every call's verdicts batched), overflow (media, "
+                        "and a process's decisions asked for while one of its own runs on the engine's GPU); auto "
+                        "(default): overflow on a GPU, else media (README: Turn-taking)")
     p.add_argument("--last-words", action="store_true", default=None,
                    help="semantic_vad also transcribes each pause's last words and asks a language model whether a "
                         "sentence can end there (pip install 'rtc-agent[last-words]'; off by default: README, "

@@ -3,9 +3,10 @@
 # CUDA (a stream, and graphed rows as the engine runs them; float32 and bfloat16), then `rtc-agent bench` at 24
 # and 1 callers, full-size synthetic model. With .whl/ab_old/ holding older engine files (e.g. `git show
 # abc8101:rtc_agent/engine/code2wav.py > .whl/ab_old/code2wav.py`, the same for sampling.py) and .whl/ab_new/
-# the current ones, the benches run new, old, new (A/B/A on one machine).
-# Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_code2wav.sh
-set -u
+# the current ones, the benches run new, old, new (A/B/A on one machine); VERSIONS and SESSIONS choose others.
+# Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir [VERSIONS="new old"] [SESSIONS="24 1"]
+#   bash scripts/device_code2wav.sh
+set -u -o pipefail
 out=${OUT:-artifacts/code2wav}; mkdir -p "$out"
 python3 - <<'PY'
 import torch
@@ -13,8 +14,9 @@ from rtc_agent.engine.code2wav import Code2WavRows, StreamingCode2Wav
 from rtc_agent.engine.engine import Engine
 from rtc_agent.engine.options import EngineOptions
 
-for dtype in ("float32", "bfloat16"):
-    model = Engine.load(EngineOptions(model="tiny", device="cuda", dtype=dtype)).model.code2wav
+tiny = Engine.load(EngineOptions(model="tiny", device="cpu")).model.code2wav  # (only Code2Wav goes to the GPU)
+for dtype in (torch.float32, torch.bfloat16):
+    model = tiny.to("cuda", dtype)
     codes = torch.randint(0, 2048, (1, 16, 60), generator=torch.Generator().manual_seed(0)).cuda()
     with torch.inference_mode():
         one_shot = model(codes)[0, 0].float()
@@ -32,11 +34,12 @@ for dtype in ("float32", "bfloat16"):
 PY
 versions=new
 [ -d .whl/ab_old ] && [ -d .whl/ab_new ] && versions="new old new"
+versions=${VERSIONS:-$versions}
 n=0
 for v in $versions; do
     n=$((n + 1))
     [ -d .whl/ab_$v ] && cp .whl/ab_$v/*.py rtc_agent/engine/
-    for callers in 24 1; do
+    for callers in ${SESSIONS:-24 1}; do
         name=$out/bench_${n}_${v}_$callers
         python3 -m rtc_agent.cli bench --model synthetic:30b-a3b --sessions $callers --turns 3 --json 2>"$name.log" \
             | tail -1 > "$name.json"

@@ -19,9 +19,9 @@ from transformers import WhisperFeatureExtractor
 from rtc_agent.client.microphone import RATE, load_audio
 from rtc_agent.config import TurnSettings, build_settings
 from rtc_agent.engine import Engine, EngineOptions
-from rtc_agent.engine.turn_scoring import DeviceTurnModel
+from rtc_agent.engine.turn_scoring import DeviceTurnModel, TurnScoring, end_of_turn_mode
 from rtc_agent.media.end_of_turn import (EAGERNESS, SCORING_NICE, WIDE_THREADS, EndOfTurnModel, EndOfTurnScorer,
-                                         EngineEndOfTurnScorer, SemanticTurn, shared_scorer, windows)
+                                         SemanticTurn, shared_scorer, windows)
 from rtc_agent.server.state import STATE
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 
@@ -111,27 +111,62 @@ def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_
     assert (together[:3] > 0.8).all() and (together[3:] < 0.3).all(), together
 
 
-def test_an_engine_that_scores_turns_ends_a_calls_turn_on_its_verdicts_not_on_a_pause() -> None:
-    """--end-of-turn-on engine (the default on a GPU): the media side sends the turn's audio to the engine, which
-    scores every call's turns in batches on its own thread; here the tiny engine on the CPU."""
+@pytest.mark.parametrize("where", ["engine", "overflow"])
+def test_an_engine_that_scores_turns_ends_a_calls_turn_on_its_verdicts_not_on_a_pause(where: str) -> None:
+    """--end-of-turn-on engine: the media side sends the turn's audio to the engine, which scores every call's
+    turns in batches on its own thread; here the tiny engine on the CPU. overflow (the default on a GPU): a lone
+    call's decisions, one at a time, stay on the media side's threads."""
     scoring = Engine.load(EngineOptions(model="tiny", device="cpu", max_sessions=2, max_answer_tokens=8,
-                                        end_of_turn="engine"))
+                                        end_of_turn=where))
 
     async def main() -> None:
         async with server(engine_=scoring, turn_detection="semantic_vad", max_answer_s=2.0) as (url, app), \
                 caller(url) as (call, mic):
-            assert app[STATE].engine.describe()["end_of_turn"] == "engine"
-            assert isinstance(app[STATE].end_of_turn, EngineEndOfTurnScorer)
+            assert app[STATE].engine.describe()["end_of_turn"] == where
+            assert app[STATE].end_of_turn.local == (0 if where == "engine" else 1)  # decisions at once here
             done = await one_turn_over_a_pause(call, mic, timeout_s=60)
             eot = done["metrics"]["end_of_turn"]
             assert eot["type"] == "semantic_vad" and eot["decisions"] >= 1, eot
-            assert set(eot["decision_threads"]) == {0} and min(eot["decision_cpu_ms"]) > 0, eot  # 0: the engine's
-            assert scoring.turn_scoring.batches >= eot["decisions"]
+            assert min(eot["decision_cpu_ms"]) > 0, eot
+            if where == "engine":
+                assert set(eot["decision_threads"]) == {0}, eot  # 0: the engine's
+                assert scoring.turn_scoring.batches >= eot["decisions"]
+            else:
+                assert 0 not in eot["decision_threads"] and scoring.turn_scoring.batches == 0, eot
 
     try:
         run(main(), timeout_s=200)
     finally:
         scoring.close()
+
+
+def test_with_the_engine_taking_the_overflow_a_process_scores_one_turn_at_a_time_and_the_engine_the_others() -> None:
+    """The default on a GPU (overflow): a decision asked for while another of the process is on its way goes to
+    the engine's scorer (here its torch run on the CPU), which agrees with onnxruntime within the int8 grid's
+    noise (the test above); once the process's own decision is back, the next is its own again."""
+    assert [end_of_turn_mode("auto", torch.device(d)) for d in ("cpu", "cuda")] == ["media", "overflow"]
+    question = espeak(QUESTION)
+    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
+    turns = [question[:end + 16 * ms] for ms in (96, 160, 320)]
+    expected = [EndOfTurnModel()(audio) for audio in turns]
+    scoring = TurnScoring.load(torch.device("cpu"))
+    scorer = EndOfTurnScorer(EndOfTurnModel(), engine=scoring.score, local=1)
+
+    async def main() -> None:
+        burst = await asyncio.gather(*(scorer.score(audio) for audio in turns))
+        assert [d.threads > 0 for d in burst] == [True, False, False], burst  # the first here, the others there
+        assert burst[0].probability == expected[0]
+        assert np.abs(np.array([d.probability for d in burst]) - expected).max() < 0.1, (burst, expected)
+        assert scoring.batches >= 1
+        alone = await scorer.score(turns[2])
+        assert alone.threads > 0 and alone.probability == expected[2]
+
+    try:
+        run(main())
+    finally:
+        scoring.close()
+    with pytest.raises(ValueError):
+        EndOfTurnScorer(None, local=1)  # (no model here: every verdict must come from the engine)
 
 
 def test_the_only_calls_lone_decision_runs_on_two_threads_with_the_same_verdict_others_on_one() -> None:

@@ -347,6 +347,8 @@ def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
     def values(*keys: str) -> list[float]:
         return [v for t in turns if (v := _server(t, *keys)) is not None]
 
+    threads = [n for t in turns for n in _server(t, "end_of_turn", "decision_threads") or []]
+
     return {
         "turns": len(turns),
         "answered": sum(1 for t in turns if t["server"] is not None),
@@ -357,6 +359,8 @@ def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
         # semantic_vad: silence before the turn ended, and how long its deciding verdict took to come back
         "end_of_turn_wait_ms": percentiles(values("end_of_turn", "wait_ms")),
         "verdict_ms": percentiles(values("end_of_turn", "verdict_ms")),
+        "decisions": len(threads),
+        "decisions_on_engine": threads.count(0),  # (0 threads: the engine's GPU, --end-of-turn-on)
         "engine_frame_ms_p90": percentiles(values("engine", "frame_ms_p90")),  # each turn's P90, across turns
         "interval_ms_p90": percentiles([t["interval_ms_p90"] for t in turns if t["interval_ms_p90"] is not None]),
         "frames_sent": int(sum(values("frames_sent"))),
@@ -426,7 +430,9 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
     w, v = o["end_of_turn_wait_ms"], o["verdict_ms"]
     if w["n"]:
         print(f"  silence waited before the turn ended: P50 {w['p50']}, P90 {w['p90']} ms"
-              + (f"; the end-of-turn verdicts came back after P50 {v['p50']}, P90 {v['p90']} ms" if v["n"] else ""))
+              + (f"; the end-of-turn verdicts came back after P50 {v['p50']}, P90 {v['p90']} ms" if v["n"] else "")
+              + (f"; {o['decisions_on_engine']} of {o['decisions']} decisions on the engine"
+                 if o["decisions_on_engine"] else ""))
     f, i = o["engine_frame_ms_p90"], o["interval_ms_p90"]
     print(f"  each answer's P90, over answers (P50/max): engine frame time {f['p50']}/{f['max']} ms, "
           f"answer packet arrival interval {i['p50']}/{i['max']} ms (80 is real time)")

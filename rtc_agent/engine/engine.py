@@ -31,7 +31,7 @@ from .options import EngineOptions, SessionOptions
 from .slots import PrefillRequest, Slot, SlotPool, TokenRequest, estimated_slot_bytes, slot_count
 from .talker import TalkerPrefillRequest
 from .tools import ToolRuntime
-from .turn_scoring import TurnScoring
+from .turn_scoring import TurnScoring, end_of_turn_mode
 from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Engine:
         self.tool_runtime = ToolRuntime.for_tokenizer(self.tokenizer, self.model.thinker.lm_head.out_features,
                                                       self.ids.im_end)
         self.ready = False
+        self.end_of_turn = end_of_turn_mode(options.end_of_turn, self.device)
         self.turn_scoring: TurnScoring | None = None  # Smart Turn on this device, once warm (score_turn)
         self.tts: dict[str, torch.Tensor] = {}
         with torch.inference_mode():
@@ -95,7 +96,7 @@ class Engine:
                 "max_sessions": len(self.pool), "free_sessions": self.pool.free,
                 "prefill_chunk_s": self.options.prefill_chunk_s, "context_tokens": self.options.context_tokens,
                 "video_window_s": self.options.video_window_s,
-                "end_of_turn": "engine" if self.turn_scoring is not None else "media"}
+                "end_of_turn": self.end_of_turn if self.turn_scoring is not None else "media"}
 
     def gpu_peak_gb(self) -> float | None:
         if self.device.type != "cuda":
@@ -135,7 +136,7 @@ class Engine:
         return results
 
     def _first_frames(self, requests: list[FrameRequest]) -> list[None]:
-        speak(self.pool, [r.answer for r in requests])
+        speak(self.pool, [r.answer for r in requests], held=True)
         return [None] * len(requests)
 
     def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
@@ -198,7 +199,7 @@ class Engine:
         started = time.perf_counter()
         for rows in batch_sizes(len(self.pool)):
             await self._warm_turns(rows)
-        if self.options.end_of_turn == "engine":  # (after the graphs' captures: its thread runs beside the worker's)
+        if self.end_of_turn != "media":  # (after the graphs' captures: its thread runs beside the worker's)
             self.turn_scoring = await asyncio.to_thread(TurnScoring.load, self.device)
         self.ready = True
         log.info("engine warmed up in %.1f s", time.perf_counter() - started)
@@ -230,7 +231,7 @@ class Engine:
 
     async def score_turn(self, audio: np.ndarray) -> tuple[float, float]:
         """Smart Turn's P(turn complete) for a turn's audio (16 kHz), and the milliseconds its batch took; only
-        where describe()["end_of_turn"] is "engine"."""
+        where describe()["end_of_turn"] is "engine" or "overflow"."""
         if self.turn_scoring is None:
             raise RuntimeError("this engine does not score turns (end_of_turn: media)")
         return await self.turn_scoring.score(audio)

@@ -8,7 +8,7 @@ from .tools import ToolSet
 
 VOICES = ("chelsie", "ethan", "aiden")
 QUANTIZE_CHOICES = ("none", "int4", "auto")  # weight-only INT4 (int4.py): never, always, where bf16 would not fit
-END_OF_TURN_CHOICES = ("media", "engine")  # where the end-of-turn model runs (EngineOptions.end_of_turn)
+END_OF_TURN_CHOICES = ("auto", "media", "overflow", "engine")  # where Smart Turn runs (EngineOptions.end_of_turn)
 PREPARE_AFTER_SILENCE_MS = 160  # a call server prepares the answer after a pause this long (commas pause 96-160 ms)
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly, in a friendly spoken style."
 
@@ -46,8 +46,10 @@ class EngineOptions:
     fast_sampling: bool = True  # the Talker's and code predictor's draws in one kernel (sampling.py; CUDA)
     overlap: bool = True  # the Thinker's next token on a side stream while a frame is made (CUDA graphs only)
     gpu_memory_fraction: float = 1.0  # the most of the GPU's memory this process may take (set before the weights)
-    end_of_turn: str = "media"  # where Smart Turn scores turns: media (each media process's CPU, onnxruntime) |
-    # engine (this engine's device, every call's verdicts batched: turn_scoring.py)
+    end_of_turn: str = "auto"  # where Smart Turn scores turns: media (each media process's CPU, onnxruntime) |
+    # engine (this engine's device, every call's verdicts batched: turn_scoring.py) | overflow (media, and a
+    # decision asked for while another of the same process is under way goes to the engine) | auto (overflow
+    # on a GPU where the model file is installed, else media)
     cpu_threads: int = 1  # torch threads of the engine's worker for its CPU work (on a CPU the model: the tiny
     # model's small products run twice as fast on one thread as on two, 2-core machine: frame 33 vs 64 ms; on a GPU
     # the log-mel features and inputs); the media keep the other cores

@@ -1,12 +1,13 @@
-"""Smart Turn's verdicts for every call, on the engine's GPU, batched (the server's --end-of-turn-on engine).
+"""Smart Turn's verdicts for every call, on the engine's GPU, batched (the server's --end-of-turn-on engine, and
+with the default on a GPU, overflow: the decisions a media process asks for while one of its own is under way).
 
 Why: on the CPU each verdict is 60-100 ms of a core. When many callers stop together their verdicts queue for the
 cores beside everything else the calls need (32 turns ending at once on the H200 machine's 16 cores: verdicts
 after 240-268 ms P50, and the media processes' event loops 22-27 ms late). On the GPU a batch of 32 is 26 ms, one
-turn 2.5 ms: verdicts after 7-8 ms, loops at most 5.5 ms late. It is not the default: the callers hear their
-answers no sooner, because the turn's end then comes before the engine has prepared the answer for that many
-callers (docs/PERFORMANCE.md, twenty-second session). The media processes send the turn's audio (remote.py) and
-wait for the verdict; the last words, where heard, stay on their CPUs.
+turn 2.5 ms: verdicts after 7-8 ms, loops at most 5.5 ms late. Every verdict from here is not the default: these
+are not onnxruntime's verdicts, those the thresholds were chosen on (README: Turn-taking). With overflow a lone
+caller's verdicts stay onnxruntime's and a burst's come from here. The media processes send the turn's audio
+(remote.py) and wait for the verdict; the last words, where heard, stay on their CPUs.
 
 The model is the same file onnxruntime runs, as torch ops (media/onnx_torch.py), features included, captured as a
 CUDA graph per batch size (about 700 kernels: launched one by one from Python they took 20 ms for one turn while
@@ -27,13 +28,22 @@ import time
 import numpy as np
 import torch
 
-from ..media.end_of_turn import RATE, WINDOW_S, model_path, windows
+from ..media.end_of_turn import RATE, WINDOW_S, model_installed, model_path, windows
 from ..media.onnx_torch import TorchGraph
 from .audio_input import LogMel
 from .graphs import CapturedStep, batch_sizes
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 32  # turns a batch (memory: 32 x 8 s windows are ~0.5 GB of activations)
+
+
+def end_of_turn_mode(asked: str, device: torch.device) -> str:
+    """Where an engine on `device` has its calls' turns scored (EngineOptions.end_of_turn, resolved): auto is
+    overflow on a GPU where Smart Turn's file is installed, media elsewhere (on a CPU the engine's work and the
+    media processes' share the same few cores)."""
+    if asked != "auto":
+        return asked
+    return "overflow" if device.type == "cuda" and model_installed() else "media"
 
 
 class DeviceTurnModel:

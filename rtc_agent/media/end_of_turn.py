@@ -16,8 +16,9 @@ verdicts, and one whose words could end a sentence is ended by them at a lower P
 
 Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
 for the decision of a process's only call (WIDE_THREADS), at a lower CPU priority than the rest (SCORING_NICE).
-With the server's --end-of-turn-on engine the verdicts come from the engine instead, which runs the same file on
-its GPU for every call at once (EngineEndOfTurnScorer, engine/turn_scoring.py, with `windows`).
+The engine can score turns too, the same file on its GPU for every call at once (engine/turn_scoring.py, with
+`windows`): with the server's --end-of-turn-on engine every verdict comes from there, and with its default on a GPU
+(overflow) those a process asks for while one of its own is under way (`EndOfTurnScorer.local`).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxru
 # session). With more calls a process the host's cores are the limit when their turns end together (16 callers on
 # 16 cores had slower verdicts with two threads), so they keep to one thread each.
 WIDE_THREADS = 2
+LOCAL_AT_ONCE = 1  # with the engine taking the overflow: a process's decisions on its own threads at once
 # When many callers' turns end at once their decisions take every core of the host (24 of 60-90 ms of CPU each on
 # the H200 machine's 16), and the threads that every caller's answer waits on in turn (the engine's worker, the
 # media processes' event loops) got their CPU after them. The scoring threads run at this much higher a nice value:
@@ -133,26 +135,49 @@ class Words:
         return last_words.unfinished(self.end_probability)
 
 
+EngineScore = Callable[[np.ndarray], Awaitable[tuple[float, float]]]  # Engine.score_turn, RemoteEngine.score_turn
+
+
 class EndOfTurnScorer:
     """The process's end-of-turn model, its recogniser of the last words (None: not installed) and the threads
-    they run on, shared by every call."""
+    they run on, shared by every call; and the engine's verdicts, where it scores turns.
 
-    def __init__(self, model: Callable[[np.ndarray, int], float],
-                 hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None) -> None:
-        """`hear`: a turn's audio -> (its words, P(a sentence ends there)), as last_words.LastWords."""
+    Why the overflow to the engine (`local` 1): when many callers stop at once, each process's decisions queue for
+    the host's cores (24 turn ends on the H200 machine's 16 cores: verdicts 130-223 ms P50 against 34-48 for a
+    lone caller) and the turns end 60-200 ms later than a lone caller's; the engine scores a batch of them on its
+    GPU in a few milliseconds. A lone caller's verdicts stay onnxruntime's, those the thresholds were chosen on."""
+
+    def __init__(self, model: Callable[[np.ndarray, int], float] | None,
+                 hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None,
+                 engine: EngineScore | None = None, local: int | None = None) -> None:
+        """`hear`: a turn's audio -> (its words, P(a sentence ends there)), as last_words.LastWords. `engine`: the
+        engine's verdicts, asked for where `local` decisions of this process are already on their way here (None:
+        never; 0: always, and `model` may be None)."""
+        if (model is None and local != 0) or (engine is None and local is not None):
+            raise ValueError("a scorer without the model takes every verdict from the engine (local 0)")
         self._model = model
         self._hear = hear
+        self._engine = engine
+        self.local = local
         self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn",
                                                            initializer=_lower_priority)
         self._lock = threading.Lock()
-        self._running = 0  # decisions on their way in this process
+        self._running = 0  # decisions running on this process's threads
+        self._asked_here = 0  # decisions asked for on this process's threads and not back yet (the event loop's)
         self.calls = 0  # calls whose turns it scores (SemanticTurn)
+
+    def with_engine(self, engine: EngineScore, local: int) -> "EndOfTurnScorer":
+        """A scorer with this one's models that takes verdicts from `engine` beyond `local` at once here."""
+        return EndOfTurnScorer(self._model, self._hear, engine, local)
 
     @property
     def hears_words(self) -> bool:
         return self._hear is not None
 
     def score_now(self, audio: np.ndarray) -> Decision:
+        """The verdict of this process's model, on the calling thread."""
+        if self._model is None:
+            raise RuntimeError("this scorer's verdicts come from the engine: await score()")
         with self._lock:
             threads = WIDE_THREADS if self._running == 0 and self.calls <= 1 else 1
             self._running += 1
@@ -165,7 +190,15 @@ class EndOfTurnScorer:
                 self._running -= 1
 
     async def score(self, audio: np.ndarray) -> Decision:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.score_now, audio)
+        """The turn's verdict: on this process's threads, or from the engine (Decision.threads 0)."""
+        if self._engine is not None and self._asked_here >= self.local:
+            p, ms = await self._engine(np.asarray(audio, np.float32)[-RATE * WINDOW_S:])
+            return Decision(p, ms, threads=0)
+        self._asked_here += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self.score_now, audio)
+        finally:
+            self._asked_here -= 1
 
     def words_now(self, audio: np.ndarray) -> Words:
         if self._hear is None:
@@ -176,25 +209,6 @@ class EndOfTurnScorer:
 
     async def words(self, audio: np.ndarray) -> Words:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)
-
-
-class EngineEndOfTurnScorer(EndOfTurnScorer):
-    """The verdicts come from the engine, which runs the model on its GPU for every call at once
-    (engine/turn_scoring.py); the last words, where heard, are still made on this process's threads."""
-
-    def __init__(self, score_turn: Callable[[np.ndarray], Awaitable[tuple[float, float]]],
-                 hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None) -> None:
-        """`score_turn`: the engine's (Engine.score_turn, or RemoteEngine.score_turn in a media process)."""
-        super().__init__(self._not_here, hear)
-        self._score_turn = score_turn
-
-    @staticmethod
-    def _not_here(audio: np.ndarray, threads: int) -> float:
-        raise RuntimeError("this scorer's verdicts come from the engine: await score()")
-
-    async def score(self, audio: np.ndarray) -> Decision:
-        p, ms = await self._score_turn(np.asarray(audio, np.float32)[-RATE * WINDOW_S:])
-        return Decision(p, ms, threads=0)
 
 
 def _lower_priority() -> None:

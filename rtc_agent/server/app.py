@@ -16,7 +16,7 @@ from aiohttp.abc import AbstractAccessLogger
 from ..config import VOICES, Settings
 from ..loop_lag import freeze_startup_objects
 from ..media import last_words
-from ..media.end_of_turn import EndOfTurnScorer, EngineEndOfTurnScorer, installed_scorer, model_path, shared_scorer
+from ..media.end_of_turn import LOCAL_AT_ONCE, EndOfTurnScorer, installed_scorer, model_path, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
 from . import tls
 from .errors import ApiError
@@ -113,12 +113,15 @@ async def _load_engine(state: ServerState) -> None:
 
 
 def end_of_turn_scorer(s: Settings, engine: Any) -> EndOfTurnScorer | None:
-    """The end-of-turn scorer of this process's calls: the engine's verdicts where it scores turns (on its GPU),
-    else this process's model; None where that is not installed and semantic_vad was not asked for (then only
-    server_vad is offered). (Blocking: it may load models.)"""
-    if engine.describe().get("end_of_turn") == "engine":
-        return EngineEndOfTurnScorer(engine.score_turn, last_words.shared_last_words() if s.last_words else None)
-    return (shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)(s.last_words)
+    """The end-of-turn scorer of this process's calls: the engine's verdicts where it scores every turn (on its
+    GPU), else this process's model, with the engine's verdicts beyond one decision at a time where it takes the
+    overflow; None where the model is not installed and semantic_vad was not asked for (then only server_vad is
+    offered). (Blocking: it may load models.)"""
+    where = engine.describe().get("end_of_turn")
+    if where == "engine":
+        return EndOfTurnScorer(None, last_words.shared_last_words() if s.last_words else None, engine.score_turn, 0)
+    scorer = (shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)(s.last_words)
+    return scorer.with_engine(engine.score_turn, LOCAL_AT_ONCE) if scorer is not None and where == "overflow" else scorer
 
 
 def load_engine(s: Settings) -> Any:
