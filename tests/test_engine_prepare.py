@@ -102,21 +102,18 @@ def test_the_turns_end_and_the_answers_prefix_are_one_talker_prefill(monkeypatch
     assert [_answer(a) for a in joined] == [_answer(a) for a in apart]
 
 
-def test_a_waiting_callers_first_frame_goes_out_before_the_next_token_is_made(monkeypatch):
-    """At a turn's end without a prepared frame, the step sends the first frame before it makes the Thinker's next
-    token (the frame after's); a prepared answer's first frame is held until its turn ends anyway, so its step
-    overlaps them as every later step does. The answers are the same either way (the test above)."""
+
+def test_without_a_side_stream_each_frame_goes_out_before_the_next_token_is_made(monkeypatch):
+    """On the CPU (no side stream for the Thinker) a step sends its frames before it makes the Thinker's next
+    token, which is for the frame after: the first frame at a turn's end comes that much sooner, and every frame
+    one step after the one before. The answers are the same (the tests above compare them with stock's)."""
     from rtc_agent.engine import answer as answer_module
 
     order: list[str] = []
     send_frames, start_tokens = answer_module._send_frames, answer_module._start_tokens
     monkeypatch.setattr(answer_module, "_send_frames",
-                        lambda pool, going: (order.append(f"frames {going[0].frames}"), send_frames(pool, going))[1])
+                        lambda pool, going: (order.append(f"frame {going[0].frames}"), send_frames(pool, going))[1])
     monkeypatch.setattr(answer_module, "_start_tokens", lambda pool, answers, overlap: (
         order.append(f"token after {answers[0].frames}"), start_tokens(pool, answers, overlap))[1])
-    said = caller_audio(1.7, seed=4)
-    _run_turns([said, "respond"], first_frame=None)
-    assert order[:4] == ["frames 0", "token after 0", "token after 1", "frames 1"], order
-    order.clear()
-    _run_turns([said, "prepare", "respond"], first_frame=True)
-    assert order[:2] == ["token after 0", "frames 0"], order  # (made in the preparation, held)
+    _run_turns([caller_audio(1.7, seed=4), "respond"], first_frame=None)
+    assert order[:6] == ["frame 0", "token after 0", "frame 1", "token after 1", "frame 2", "token after 2"], order

@@ -104,3 +104,23 @@ def test_a_departed_media_process_leaves_its_resumable_calls_to_be_taken_over() 
             await other.close()
 
     run(main())
+
+
+def test_a_media_process_meets_the_engines_errors_without_importing_the_model_code() -> None:
+    """What a media process imports, then what its first call does with the engine's errors (signaling names
+    EngineFullError; an error from the engine is unpickled by class): none of it may import the model code, which
+    takes seconds of one core with the GIL held, every call of that process stopped meanwhile."""
+    import subprocess
+    import sys
+
+    probe = """
+import pickle, sys
+import rtc_agent.conversation, rtc_agent.engine.remote, rtc_agent.server.app
+from rtc_agent.engine import EngineFullError, SessionOptions, TurnTooLongError
+for error in (EngineFullError("full"), TurnTooLongError("long")):
+    assert type(pickle.loads(pickle.dumps(error))) is type(error)
+print(sorted(m for m in ("transformers", "rtc_agent.engine.engine", "rtc_agent.engine.context") if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -9,8 +9,8 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "TurnTooLongError": "context", "PREPARE_AFTER_SILENCE_MS": "options", "Engine": "engine",
-    "EngineFullError": "engine", "Session": "engine", "FRAME_SAMPLES": "events", "INPUT_SAMPLE_RATE": "events",
+    "TurnTooLongError": "errors", "PREPARE_AFTER_SILENCE_MS": "options", "Engine": "engine",
+    "EngineFullError": "errors", "Session": "engine", "FRAME_SAMPLES": "events", "INPUT_SAMPLE_RATE": "events",
     "OUTPUT_SAMPLE_RATE": "events", "ResponseDone": "events", "SpeechFrame": "events", "TextDelta": "events",
     "ContextFullError": "kv_cache", "ModelLoadError": "loader", "EngineOutOfMemory": "memory", "MemoryUse": "memory",
     "VOICES": "options", "EngineOptions": "options", "SessionOptions": "options", "Sampling": "sampling",

@@ -155,14 +155,13 @@ def tick(pool: SlotPool, answers: list[Answer]) -> None:
             answer.finish()
 
 
-def speak(pool: SlotPool, answers: list[Answer], held: bool = False) -> None:
-    """The next frame of each of `answers` (answers that speak), one batched step per sampling group. `held`:
-    their frames are held until their turns end (prepared answers' first frames, FrameRequest)."""
+def speak(pool: SlotPool, answers: list[Answer]) -> None:
+    """The next frame of each of `answers` (answers that speak), one batched step per sampling group."""
     groups: dict[tuple[Sampling, ...], list[Answer]] = {}
     for answer in answers:
         groups.setdefault(_sampling_key(answer), []).append(answer)
     for group in groups.values():
-        _frames(pool, group, held)
+        _frames(pool, group)
 
 
 @dataclass(frozen=True)
@@ -198,7 +197,7 @@ def _start_tokens(pool: SlotPool, answers: list[Answer], overlap: bool) -> None:
     pool.start_tokens(rows, samplings, overlap, constraints)
 
 
-def _frames(pool: SlotPool, group: list[Answer], held: bool) -> None:
+def _frames(pool: SlotPool, group: list[Answer]) -> None:
     """One frame for each answer of `group` (answers that share their sampling settings)."""
     talker = pool.talker
     core = group[0].context.core
@@ -218,16 +217,16 @@ def _frames(pool: SlotPool, group: list[Answer], held: bool) -> None:
     if not going:
         return
     ahead = [a for a in going if not a.thinker_done]
-    # A step with an answer's first frame for a caller waiting now sends its frames before the Thinker's next token
-    # is made: that token is for the frame after (tiny model, 2-core CPU: first packet 51-66 -> 38-39 ms P50). The
-    # other frames, and prepared answers' first ones (held until the turn ends, which waits for the whole step),
-    # are made ahead of their playout: their steps overlap the token with the frame, on the side stream.
-    first = not held and any(a.frames == 0 for a in going)
-    if ahead and not first:
+    # On a GPU the Thinker's next token (for the frame after this one) runs on the side stream beside this frame's
+    # Code2Wav. Without a side stream (the CPU) the step sends its frames first and makes the token after them:
+    # every frame goes out that much sooner, the first one included (tiny model, 2-core CPU: the first packet
+    # 51-66 -> 38-39 ms P50 after the turn's end), and each still one step after the one before.
+    overlap = pool.side_stream is not None
+    if ahead and overlap:
         _start_tokens(pool, ahead, overlap=True)
     pool.frame_codes.start(codes)
     pool.frame_samples.start(_speech(pool, rows, going, codes))
-    if first:
+    if not overlap:
         _send_frames(pool, going)
         if ahead:
             _start_tokens(pool, ahead, overlap=False)
@@ -253,7 +252,7 @@ def _frames(pool: SlotPool, group: list[Answer], held: bool) -> None:
             a.text_after_end += 1
     if texts:
         _talker_step(pool, rows, members, codes, texts, talker_sampling)
-    if not first:
+    if overlap:
         _send_frames(pool, going)
     for a in going:
         a.frames += 1

@@ -16,6 +16,7 @@ import torch
 from . import audio_input, vision_input
 from .answer import Answer, FrameRequest
 from .caller_video import CallerVideo
+from .errors import TurnTooLongError
 from .events import INPUT_SAMPLE_RATE, Event
 from .graphs import short_prefill_fits, to_device
 from .layout import Piece, TurnLayout
@@ -25,10 +26,6 @@ from .slots import PrefillRequest, Slot, TokenRequest
 from .stack import explicit_positions
 from .talker import TalkerPrefillRequest, UserPart
 from .tools import AnswerCalls, system_text
-
-
-class TurnTooLongError(ValueError):
-    """The caller's turn does not fit in the context budget, even with every earlier turn dropped."""
 
 
 @dataclass

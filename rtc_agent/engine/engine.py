@@ -23,6 +23,7 @@ from . import audio_input, vision_input
 from .kernels import attention, moe, norm, rotary
 from .answer import Answer, FrameRequest, speak, tick
 from .context import CallContext, TokenIds
+from .errors import EngineFullError
 from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from .graphs import batch_sizes, to_device
 from .loader import LoadedModel, load
@@ -136,7 +137,7 @@ class Engine:
         return results
 
     def _first_frames(self, requests: list[FrameRequest]) -> list[None]:
-        speak(self.pool, [r.answer for r in requests], held=True)
+        speak(self.pool, [r.answer for r in requests])
         return [None] * len(requests)
 
     def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
@@ -240,10 +241,6 @@ class Engine:
         if self.turn_scoring is not None:
             self.turn_scoring.close()
         self._worker.close()
-
-
-class EngineFullError(RuntimeError):
-    """Every session slot is taken."""
 
 
 class Session:
