@@ -166,7 +166,11 @@ def test_with_the_engine_taking_the_overflow_a_process_scores_one_turn_at_a_time
     finally:
         scoring.close()
     with pytest.raises(ValueError):
-        EndOfTurnScorer(None, local=1)  # (no model here: every verdict must come from the engine)
+        EndOfTurnScorer(None, local=1)
+    with pytest.raises(ValueError):
+        EndOfTurnScorer(None, engine=scoring.score, local=1)  # (no model here: every verdict from the engine)
+    with pytest.raises(ValueError):
+        EndOfTurnScorer(EndOfTurnModel(), engine=scoring.score)  # (an engine without a bound on local decisions)
 
 
 def test_the_only_calls_lone_decision_runs_on_two_threads_with_the_same_verdict_others_on_one() -> None:

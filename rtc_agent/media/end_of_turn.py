@@ -153,7 +153,9 @@ class EndOfTurnScorer:
         """`hear`: a turn's audio -> (its words, P(a sentence ends there)), as last_words.LastWords. `engine`: the
         engine's verdicts, asked for where `local` decisions of this process are already on their way here (None:
         never; 0: always, and `model` may be None)."""
-        if (model is None and local != 0) or (engine is None and local is not None):
+        if (engine is None) != (local is None):
+            raise ValueError("the engine's verdicts and `local` go together")
+        if model is None and local != 0:
             raise ValueError("a scorer without the model takes every verdict from the engine (local 0)")
         self._model = model
         self._hear = hear
