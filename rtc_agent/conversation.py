@@ -46,7 +46,9 @@ NO_SPEECH = "this server answers in text only (it runs without the Talker: --no-
 
 
 class EngineSession(Protocol):
-    """What a conversation needs from rtc_agent.engine's session."""
+    """What a conversation needs from rtc_agent.engine's session. Each call's work is queued (or its request sent)
+    before the coroutine first waits, so that calls started one after another run in that order in the engine:
+    `prepare_answer` is not awaited before the calls after it."""
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None,
                          urgent: bool = ...) -> None: ...
@@ -189,7 +191,7 @@ class Conversation:
         self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
         # time.monotonic() of the latest audio push (started, done) and answer preparation (queued, started, done):
-        # where a turn's audio_in_ms went (response.done's metrics)
+        # where a turn's audio_in_ms and first packet went (response.done's metrics)
         self._pushed_times: tuple[float, ...] = ()
         self._prepared_times: tuple[float, ...] = ()
 
@@ -633,9 +635,7 @@ class Conversation:
                     case TrimAnswer(frames_heard):
                         await self.session.cancel(frames_heard)
                     case PrepareAnswer(queued_at):
-                        started = time.monotonic()
-                        await self.session.prepare_answer()
-                        self._prepared_times = (queued_at, started, time.monotonic())
+                        await self._prepare(queued_at)
                     case AbortTurn():
                         await self.session.abort_turn()
                     case Answer():
@@ -645,6 +645,30 @@ class Conversation:
             except Exception as exc:
                 log.exception("engine call %s failed", type(call).__name__)
                 self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
+
+    async def _prepare(self, queued_at: float) -> None:
+        """Ask the engine to prepare the answer without waiting for it to be ready: the engine runs a call's work in
+        the order asked, so the calls that follow (the turn's end, or the caller's next audio, which undoes it) go
+        after it there, and an answer asked for while it is still being made starts the moment it is ready, on the
+        engine's side. (Awaited here, the answer's request went out only once the preparation's reply came back,
+        and then waited behind a step of the other calls' answers: 22-41 ms of 24 at once, docs/PERFORMANCE.md.)"""
+        started = time.monotonic()
+
+        async def prepare() -> None:
+            try:
+                await self.session.prepare_answer()
+            except Exception as exc:  # (as for any engine call: say so, keep the call)
+                log.exception("the answer's preparation failed")
+                self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
+            else:
+                self._prepared_times = (queued_at, started, time.monotonic())
+
+        task = asyncio.ensure_future(prepare())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        # Its request leaves (or its job is queued, in process) in the task's first step, before this loop sends
+        # the next call: asyncio runs ready callbacks in order, so one yield here lets that step run first.
+        await asyncio.sleep(0)
 
     async def _push_image(self, image: np.ndarray, at: float) -> None:
         try:

@@ -100,6 +100,7 @@ class RecordingSession:
         self.session = session
         self.pushed: list[tuple[str, float | None, tuple[int, ...]]] = []  # (kind, at, shape)
         self.urgent_audio: list[float | None] = []  # the `at` of the audio pushes made urgent
+        self.answer_calls: list[str] = []  # "prepare", "prepared" (its call returned), "respond", in that order
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
@@ -118,6 +119,15 @@ class RecordingSession:
     async def push_image(self, image: np.ndarray, at: float) -> None:
         self.pushed.append(("image", at, image.shape))
         await self.session.push_image(image, at)
+
+    async def prepare_answer(self) -> None:
+        self.answer_calls.append("prepare")
+        await self.session.prepare_answer()
+        self.answer_calls.append("prepared")
+
+    def respond(self) -> Any:
+        self.answer_calls.append("respond")
+        return self.session.respond()
 
 
 class RecordingEngine:

@@ -139,6 +139,30 @@ def test_the_audio_just_before_a_preparation_goes_to_the_engine_as_urgent() -> N
     run(main())
 
 
+def test_an_answer_asked_for_while_it_is_being_prepared_starts_from_that_preparation() -> None:
+    """The turn ends before the engine has its answer ready: the answer is asked for at once, not after the
+    preparation's reply, and the engine starts the prepared one (a fresh answer would have no `ready_before_ms`)."""
+    rng = np.random.default_rng(1)
+
+    async def main() -> None:
+        conv, script, events, player = await started(dataclasses.replace(TURN, silence_ms=6 * CHUNK_MS))
+        try:
+            for p, chunks in ((0.9, 10), (0.1, 8)):  # no await in between: the whole turn is queued at once
+                script.p = p
+                for _ in range(chunks):
+                    conv.feed((rng.standard_normal(CHUNK_SAMPLES) * (0.1 if p > 0.5 else 0.001)).astype(np.float32))
+            done = (await until(events, "response.done"))["response"]
+            assert done["status"] == "completed" and done["metrics"]["frames_sent"] == 6
+            assert conv.session.answer_calls == ["prepare", "respond", "prepared"]
+            assert done["metrics"]["engine"]["ready_before_ms"] >= 0
+            assert done["metrics"]["audio_in_parts"]["prepare"][2] > done["metrics"]["audio_in_ms"]
+        finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())
+
+
 def test_push_to_talk_waits_for_commit_and_short_sounds_do_not_barge_in() -> None:
     async def main() -> None:
         conv, script, events, player = await started(dataclasses.replace(TURN, auto=False))

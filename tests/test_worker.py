@@ -158,3 +158,31 @@ def test_an_urgent_job_that_comes_during_a_round_catches_up_with_it():
     finally:
         worker.close()
     assert log == ["round a0", "round b0", "round a1 b1", "round a2 b2"], log
+
+
+def test_a_sessions_next_urgent_job_starts_as_soon_as_its_job_in_the_round_is_done():
+    """An answer asked for while its preparation runs the round's last stage starts right after that session's
+    preparation ends, before the other sessions of the stage are resumed, not at the round's end."""
+    log: list[str] = []
+    worker: Worker
+
+    def run_requests(requests: list[str]) -> list[str]:
+        log.append("round " + " ".join(requests))
+        jobs.append(worker.submit(lambda: log.append("a begins"), URGENT, key="a"))
+        return requests
+
+    def prepare(name: str) -> Generator[str, str, str]:
+        yield name
+        log.append(f"{name} done")
+        return name
+
+    jobs: list = []
+    worker = Worker("test-worker", lambda answers: None, run_requests)
+    try:
+        with worker.held():  # both preparations in one round
+            jobs += [worker.submit(lambda n=n: prepare(n), URGENT, key=n) for n in ("a", "b")]
+        assert [job.result(5) for job in jobs[:2]] == ["a", "b"]
+        jobs[2].result(5)
+    finally:
+        worker.close()
+    assert log == ["round a b", "a done", "a begins", "b done"], log

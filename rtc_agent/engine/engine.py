@@ -415,16 +415,16 @@ class Session:
         if self._answering:
             raise RuntimeError("an answer is already in progress on this session")
         context = await self._ready_context()
-        if not context.has_audio() and not context.typed:
-            raise ValueError("no caller audio or text in this turn: push at least 10 ms of audio, or text, before "
-                             "asking for an answer")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event | Exception] = asyncio.Queue()
         self._interrupt = None
         self._answering = True
         asked_at = time.perf_counter()
 
-        def start():
+        def start():  # (the turn is read on the worker: its preparation may still be running there)
+            if not context.has_audio() and not context.typed:
+                raise ValueError("no caller audio or text in this turn: push at least 10 ms of audio, or text, "
+                                 "before asking for an answer")
             answer = yield from context.begin_answer(lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
                                                   asked_at)
             self.engine.add_answer(answer)

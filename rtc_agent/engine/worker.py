@@ -315,7 +315,7 @@ class Worker:
 
     def _join(self, waiting: dict[Any, _Waiting], priority: int, busy: set = frozenset()) -> None:
         """Start the queued jobs of sessions with no job in the round (each session's first only; `busy`: more
-        sessions to leave out), in order; in a round of urgent jobs (answer starts), only urgent ones: a caller's
+        sessions to leave out, those of a stage not yet resumed), in order; in a round of urgent jobs (answer starts), only urgent ones: a caller's
         answer never waits for others' audio. None while `held()`."""
         with self._wake:
             if self._held:
@@ -372,14 +372,14 @@ class Worker:
             for entry in entries:
                 self._resume(entry.job, entry.work, None, waiting, error=exc)
             return
-        busy = {entry.job.key for entry in entries}
-        for entry, result in zip(entries, results):
+        for n, (entry, result) in enumerate(zip(entries, results)):
             self._resume(entry.job, entry.work, result, waiting)
             # Between one session's rest of the round (host work up to its next request) and the next, answer
-            # starts that came meanwhile join (a prepared answer starts at once). A due step waits for the round's
-            # end: stepping here held every session after this one back by a whole step (at 24 callers, 50-90 ms
-            # once per session resumed), for work the GPU had already done.
-            self._join(waiting, URGENT, busy)
+            # starts that came meanwhile join (a prepared answer starts at once), this session's own too once its
+            # job is done (an answer asked for while it was being prepared starts as soon as it is ready). A due
+            # step waits for the round's end: stepping here held every session after this one back by a whole
+            # step (at 24 callers, 50-90 ms once per session resumed), for work the GPU had already done.
+            self._join(waiting, URGENT, {later.job.key for later in entries[n + 1:]})
 
     def _advance(self) -> None:
         try:
