@@ -26,7 +26,7 @@ import logging
 import math
 import secrets
 import time
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Callable, Coroutine, Protocol
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 log = logging.getLogger(__name__)
 NO_SEMANTIC_VAD = "semantic_vad is not available on this server (the end-of-turn model is not installed)"
 NO_SPEECH = "this server answers in text only (it runs without the Talker: --no-talker)"
+MAX_PUSHES_IN_FLIGHT = 4  # audio pushes sent to the engine and not yet taken in (32 ms of audio each, as it comes)
 
 
 class EngineSession(Protocol):
@@ -57,7 +58,6 @@ class EngineSession(Protocol):
     async def push_tool_output(self, output: str) -> None: ...
     async def abort_turn(self) -> None: ...
     async def flush(self) -> None: ...
-    async def expedite(self) -> None: ...
     async def prepare_answer(self) -> None: ...
     def respond(self) -> AsyncIterator[Event]: ...
     async def cancel(self, frames_played: int) -> None: ...
@@ -187,7 +187,7 @@ class Conversation:
         self._ids = itertools.count(1)
         self._call_ids: dict[str, bool] = {}  # the calls the answers made: whether each has its output yet
         self._ops: asyncio.Queue[EngineCall] = asyncio.Queue()
-        self._pushing = False  # an audio push is on its way to the engine
+        self._pushes: list[asyncio.Task[None]] = []  # audio pushes on their way to the engine
         self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
         # time.monotonic() of the latest audio push (started, done) and answer preparation (queued, started, done):
@@ -225,11 +225,9 @@ class Conversation:
                 self._paused += chunks
                 self._semantic_add(chunks)
             if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
-                # the turn may be ending: the engine makes the answer ready; audio pushed a moment ago and still
-                # queued in the engine goes first, or the preparation waits for it behind other calls' work
+                # the turn may be ending: the engine makes the answer ready (the call's audio still queued there
+                # becomes as urgent, so that the preparation does not wait for it behind other calls' work)
                 self._ops.put_nowait(PrepareAnswer(time.monotonic()))
-                if self._pushing:
-                    self._spawn(self.session.expedite())
                 self._paused = []
         else:
             self._unpushed.append(chunk)
@@ -617,15 +615,9 @@ class Conversation:
                             if isinstance(following, Audio) and following.at_ms == run[-1].end_ms:
                                 run.append(following)
                                 following = None
-                        samples = np.concatenate([a.samples for a in run])
-                        started = time.monotonic()
-                        self._pushing = True
-                        try:  # the caller paused and the answer's preparation is next: its audio is as urgent as it
-                            await self.session.push_audio(samples, at=run[0].at_ms / 1000,
-                                                          urgent=isinstance(following, PrepareAnswer))
-                        finally:
-                            self._pushing = False
-                        self._pushed_times = (started, time.monotonic())
+                        # (the caller paused and the answer's preparation is next: its audio is as urgent as it)
+                        await self._push_audio(np.concatenate([a.samples for a in run]), run[0].at_ms / 1000,
+                                               urgent=isinstance(following, PrepareAnswer))
                     case PushImage(image, at):
                         await self._push_image(image, at)
                     case PushText(text):
@@ -646,29 +638,52 @@ class Conversation:
                 log.exception("engine call %s failed", type(call).__name__)
                 self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
 
-    async def _prepare(self, queued_at: float) -> None:
-        """Ask the engine to prepare the answer without waiting for it to be ready: the engine runs a call's work in
-        the order asked, so the calls that follow (the turn's end, or the caller's next audio, which undoes it) go
-        after it there, and an answer asked for while it is still being made starts the moment it is ready, on the
-        engine's side. (Awaited here, the answer's request went out only once the preparation's reply came back,
-        and then waited behind a step of the other calls' answers: 22-41 ms of 24 at once, docs/PERFORMANCE.md.)"""
+    async def _push_audio(self, samples: np.ndarray, at: float, urgent: bool) -> None:
+        """Send caller audio to the engine without waiting for it to be taken in (`_call_on`): a preparation queued
+        behind it goes out at once instead of after its reply. At most MAX_PUSHES_IN_FLIGHT at a time; beyond
+        that this waits for the oldest, and the audio that comes meanwhile goes in one push."""
+        while len(self._pushes) >= MAX_PUSHES_IN_FLIGHT:
+            await asyncio.wait(self._pushes[:1])
         started = time.monotonic()
 
-        async def prepare() -> None:
+        def pushed() -> None:
+            self._pushed_times = (started, time.monotonic())
+
+        task = await self._call_on(self.session.push_audio(samples, at=at, urgent=urgent), "push_audio", pushed)
+        self._pushes.append(task)
+        task.add_done_callback(self._pushes.remove)
+
+    async def _prepare(self, queued_at: float) -> None:
+        """Ask the engine to prepare the answer without waiting for it to be ready (`_call_on`): an answer asked for
+        while it is still being made starts the moment it is ready, on the engine's side. (Awaited here, the
+        answer's request went out only once the preparation's reply came back, and then waited behind a step of
+        the other calls' answers: 12-25 ms P50 of 24 at once, docs/PERFORMANCE.md, twenty-seventh session.)"""
+        started = time.monotonic()
+
+        def prepared() -> None:
+            self._prepared_times = (queued_at, started, time.monotonic())
+
+        await self._call_on(self.session.prepare_answer(), "prepare_answer", prepared)
+
+    async def _call_on(self, call: Coroutine[Any, Any, None], name: str,
+                       done: Callable[[], None]) -> asyncio.Task[None]:
+        """Start an engine call and go on without its reply. The engine runs a call's work in the order it was
+        asked for (each session method queues it, or sends its request, before it first waits), so what this loop
+        sends next goes after it there. A failure is said as any engine call's is; `done()` runs on success."""
+        async def sent() -> None:
             try:
-                await self.session.prepare_answer()
-            except Exception as exc:  # (as for any engine call: say so, keep the call)
-                log.exception("the answer's preparation failed")
+                await call
+            except Exception as exc:
+                log.exception("engine call %s failed", name)
                 self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
             else:
-                self._prepared_times = (queued_at, started, time.monotonic())
+                done()
 
-        task = asyncio.ensure_future(prepare())
+        task = asyncio.ensure_future(sent())
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
-        # Its request leaves (or its job is queued, in process) in the task's first step, before this loop sends
-        # the next call: asyncio runs ready callbacks in order, so one yield here lets that step run first.
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # (ready callbacks run in order: the call's first step runs before this goes on)
+        return task
 
     async def _push_image(self, image: np.ndarray, at: float) -> None:
         try:

@@ -100,7 +100,7 @@ class RecordingSession:
         self.session = session
         self.pushed: list[tuple[str, float | None, tuple[int, ...]]] = []  # (kind, at, shape)
         self.urgent_audio: list[float | None] = []  # the `at` of the audio pushes made urgent
-        self.answer_calls: list[str] = []  # "prepare", "prepared" (its call returned), "respond", in that order
+        self.calls: list[str] = []  # "push", "prepare", "respond" as called; "pushed", "prepared" as they return
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
@@ -114,19 +114,21 @@ class RecordingSession:
         self.pushed.append(("audio", at, samples.shape))
         if urgent:
             self.urgent_audio.append(at)
+        self.calls.append("push")
         await self.session.push_audio(samples, sample_rate, at=at, urgent=urgent)
+        self.calls.append("pushed")
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         self.pushed.append(("image", at, image.shape))
         await self.session.push_image(image, at)
 
     async def prepare_answer(self) -> None:
-        self.answer_calls.append("prepare")
+        self.calls.append("prepare")
         await self.session.prepare_answer()
-        self.answer_calls.append("prepared")
+        self.calls.append("prepared")
 
     def respond(self) -> Any:
-        self.answer_calls.append("respond")
+        self.calls.append("respond")
         return self.session.respond()
 
 

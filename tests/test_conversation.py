@@ -140,8 +140,9 @@ def test_the_audio_just_before_a_preparation_goes_to_the_engine_as_urgent() -> N
 
 
 def test_an_answer_asked_for_while_it_is_being_prepared_starts_from_that_preparation() -> None:
-    """The turn ends before the engine has its answer ready: the answer is asked for at once, not after the
-    preparation's reply, and the engine starts the prepared one (a fresh answer would have no `ready_before_ms`)."""
+    """The turn ends before the engine has its answer ready: the preparation is asked for without waiting for the
+    turn's last audio push to return, the answer without waiting for the preparation, and the engine starts the
+    prepared answer (a fresh one would have no `ready_before_ms`)."""
     rng = np.random.default_rng(1)
 
     async def main() -> None:
@@ -153,7 +154,10 @@ def test_an_answer_asked_for_while_it_is_being_prepared_starts_from_that_prepara
                     conv.feed((rng.standard_normal(CHUNK_SAMPLES) * (0.1 if p > 0.5 else 0.001)).astype(np.float32))
             done = (await until(events, "response.done"))["response"]
             assert done["status"] == "completed" and done["metrics"]["frames_sent"] == 6
-            assert conv.session.answer_calls == ["prepare", "respond", "prepared"]
+            calls = conv.session.calls
+            assert [c for c in calls if c not in ("push", "pushed")] == ["prepare", "respond", "prepared"]
+            # the turn's audio went in one push, and the preparation was asked for before its reply
+            assert calls.index("push") < calls.index("prepare") < calls.index("pushed")
             assert done["metrics"]["engine"]["ready_before_ms"] >= 0
             assert done["metrics"]["audio_in_parts"]["prepare"][2] > done["metrics"]["audio_in_ms"]
         finally:

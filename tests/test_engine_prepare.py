@@ -4,6 +4,8 @@ when the caller goes on, and nothing left behind when the call ends instead. See
 state not put back would show."""
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from engine_helpers import caller_audio, engine_for, one_turn, run
@@ -117,3 +119,19 @@ def test_without_a_side_stream_each_frame_goes_out_before_the_next_token_is_made
         order.append(f"token after {answers[0].frames}"), start_tokens(pool, answers, overlap))[1])
     _run_turns([caller_audio(1.7, seed=4), "respond"], first_frame=None)
     assert order[:6] == ["frame 0", "token after 0", "frame 1", "token after 1", "frame 2", "token after 2"], order
+
+
+def test_pushes_sent_without_waiting_for_each_other_keep_their_order_from_a_calls_first_input() -> None:
+    """The media side sends a call's pushes without waiting for the replies: on a new session they all wait for
+    the one context the first makes, then go in the order they were sent."""
+    async def main() -> np.ndarray:
+        session = engine_for(prefill_chunk_s=1.0).new_session(OPTIONS)
+        try:
+            pieces = [np.full(1600, n / 10, np.float32) for n in (1, 2, 3)]
+            await asyncio.gather(*(session.push_audio(piece) for piece in pieces))
+            return session.context.pending
+        finally:
+            await session.close()
+
+    pending = run(main())
+    assert np.array_equal(pending, np.repeat(np.float32([0.1, 0.2, 0.3]), 1600))

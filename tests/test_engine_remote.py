@@ -25,7 +25,7 @@ def test_errors_cross_as_themselves_and_the_session_goes_on() -> None:
                 await session.push_audio(np.zeros(800, np.float32), sample_rate=8000)
             with pytest.raises(ValueError, match="unknown voice"):
                 session.update(voice="nobody")  # checked here, before anything is sent
-            await asyncio.gather(session.push_audio(np.zeros(16000, np.float32), urgent=True), session.expedite())
+            await session.push_audio(np.zeros(16000, np.float32), urgent=True)
             events = [event async for event in session.respond()]
             assert isinstance(events[-1], ResponseDone) and any(isinstance(e, SpeechFrame) for e in events)
             frame = next(e for e in events if isinstance(e, SpeechFrame))

@@ -72,23 +72,25 @@ def test_a_due_step_waits_until_every_session_of_the_round_is_resumed():
     assert log[round_at + 1:round_at + 4] == ["a done", "b done", "c done"], log
 
 
-def test_expedite_makes_a_sessions_queued_jobs_go_before_other_sessions_ordinary_work():
+def test_an_urgent_job_takes_its_sessions_queued_jobs_with_it():
+    """A session's audio sent just before its preparation, which the media side did not wait for: the preparation
+    (urgent) does not overtake it, and neither waits behind other sessions' ordinary work."""
     log: list[str] = []
     worker = _worker(log)
     holding, gate = threading.Event(), threading.Event()
     try:
         first = worker.submit(lambda: (holding.set(), gate.wait(5)), NORMAL)
         assert holding.wait(5)
-        jobs = [worker.submit(lambda n=n: log.append(n), NORMAL, key=n) for n in ("a", "b", "c")]
-        worker.expedite("c")  # c's caller paused: its pushed audio goes first, a and b keep their order
-        worker.expedite("d")  # (a session with nothing queued: nothing changes)
+        jobs = [worker.submit(lambda: log.append("b audio"), NORMAL, key="b"),
+                worker.submit(lambda: log.append("a audio"), NORMAL, key="a"),
+                worker.submit(lambda: log.append("a prepares"), URGENT, key="a")]
         gate.set()
         first.result(5)
         for job in jobs:
             job.result(5)
     finally:
         worker.close()
-    assert log == ["c", "a", "b"]
+    assert log == ["a audio", "a prepares", "b audio"]
 
 
 def _staged(name: str, stages: list[int]) -> Generator[str, str, str]:

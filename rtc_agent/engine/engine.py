@@ -179,10 +179,6 @@ class Engine:
         """The worker thread's id in the operating system (its CPU time: /proc/self/task/ID/stat)."""
         return self._worker.thread_id
 
-    def expedite(self, key: Any) -> None:
-        """Session slot `key`'s queued jobs go before other sessions' ordinary work (Worker.expedite)."""
-        self._worker.expedite(key)
-
     def add_answer(self, answer: Answer) -> None:
         self._worker.add(answer)
 
@@ -254,6 +250,7 @@ class Session:
             raise EngineFullError(f"all {len(engine.pool)} session slots are taken")
         self._slot = slot
         self._context: CallContext | None = None
+        self._making: asyncio.Task[CallContext] | None = None  # the context being made (the call's first input)
         self._answer: Answer | None = None
         self._answering = False  # from respond() until its answer is over
         self._buffered: list[tuple[np.ndarray, float | None]] = []  # audio pushed while an answer is being made
@@ -281,10 +278,26 @@ class Session:
 
     async def _ready_context(self) -> CallContext:
         if self._context is None:
-            self._context = await self._run(CallContext, self.engine, self._slot, self.options)
+            # Calls that come while it is being made wait for the same one, and then queue their work in the
+            # order they came (the media side does not wait for one call's reply before the next).
+            if self._making is None:
+                self._making = asyncio.ensure_future(self._run(CallContext, self.engine, self._slot, self.options))
+            making = self._making
+            try:
+                self._context = await asyncio.shield(making)  # (a caller that gives up leaves it to the others)
+            except Exception:
+                if self._making is making:  # the next call tries again
+                    self._making = None
+                raise
         elif self._context.options is not self.options:
             await self._run_turn(self._context.apply, self.options)
         return self._context
+
+    async def _made_context(self) -> CallContext | None:
+        """The context, or None if no input has come yet (nothing to change)."""
+        if self._context is None and self._making is None:
+            return None
+        return await self._ready_context()
 
     async def _run(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
         """Run `fn(*args)` on the worker, in order with this call's other work."""
@@ -314,9 +327,9 @@ class Session:
     async def limit_video(self, window_s: int) -> int | None:
         """Keep at most `window_s` seconds of the caller's video in the context (the memory guard); returns the
         window now in force, None when this call has sent no video."""
-        if self._context is None or self.closed:
+        if self.closed or (context := await self._made_context()) is None:
             return None
-        return await self._run(self._context.limit_video, window_s)
+        return await self._run(context.limit_video, window_s)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
                          at: float | None = None, urgent: bool = False) -> None:
@@ -361,15 +374,8 @@ class Session:
         """The caller paused: prefill the audio pushed so far now rather than at the end of the turn (which then
         has only what comes after to encode). No effect during an answer."""
         self._check_open()
-        if self._context is not None and not self._answering:
-            await self._run_turn(self._context.flush)
-
-    async def expedite(self) -> None:
-        """The caller paused and `prepare_answer` is on its way: this call's work already queued (audio pushed a
-        moment ago) goes before other calls' ordinary work, so that the preparation does not wait for it at the
-        back of the queue. Immediate: it does not queue behind that work itself."""
-        self._check_open()
-        self.engine.expedite(self._slot.index)
+        if (context := await self._made_context()) is not None and not self._answering:
+            await self._run_turn(context.flush)
 
     async def prepare_answer(self) -> None:
         """The caller paused and may be done (a call server's hang-over has begun): prefill the turn and make its
@@ -377,8 +383,8 @@ class Session:
         turn's trailing silence: push it only if the caller speaks again (a push, text or an abort undoes the
         preparation first); video frames can still be pushed. No effect during an answer."""
         self._check_open()
-        if self._context is not None and not self._answering:
-            await self._run_turn(self._context.prepare_answer, urgent=True)
+        if (context := await self._made_context()) is not None and not self._answering:
+            await self._run_turn(context.prepare_answer, urgent=True)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait
@@ -406,8 +412,8 @@ class Session:
         """Forget the caller audio pushed since the last answer (a false start)."""
         self._check_open()
         self._buffered.clear()
-        if self._context is not None:
-            await self._run_turn(self._context.abort_turn)
+        if (context := await self._made_context()) is not None:
+            await self._run_turn(context.abort_turn)
 
     async def respond(self) -> AsyncIterator[Event]:
         """End the caller's turn and stream the answer: TextDelta and SpeechFrame events, then one ResponseDone."""
@@ -473,8 +479,8 @@ class Session:
             self._interrupt = played
             if self._answer is not None:
                 self._answer.interrupt(played)
-        elif frames_played is not None and self._context is not None and not self.closed:
-            await self._run_turn(self._context.trim_last_answer, frames_played)
+        elif frames_played is not None and not self.closed and (context := await self._made_context()) is not None:
+            await self._run_turn(context.trim_last_answer, frames_played)
 
     async def close(self) -> None:
         """End the call: its answer stops, and its slot goes back to the engine."""
@@ -485,7 +491,7 @@ class Session:
             self._answer.interrupt(0)
         self._release.detach()
         await self._run(self.engine.release, self._slot)
-        self._context = None
+        self._context = self._making = None
 
     def _check_open(self) -> None:
         if self.closed:

@@ -28,7 +28,7 @@ from .engine import Engine, Session
 
 log = logging.getLogger(__name__)
 SESSION_METHODS = frozenset({"push_audio", "push_image", "push_text", "push_tool_output", "abort_turn", "flush",
-                             "expedite", "prepare_answer", "cancel", "limit_video", "close"})
+                             "prepare_answer", "cancel", "limit_video", "close"})
 NOTICES = frozenset({"update", "close", "resumable"})
 
 

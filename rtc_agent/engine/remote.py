@@ -228,9 +228,6 @@ class RemoteSession:
     async def push_tool_output(self, output: str) -> None:
         await self._request("push_tool_output", output)
 
-    async def expedite(self) -> None:
-        await self._request("expedite")
-
     async def flush(self) -> None:
         await self._request("flush")
 

@@ -154,27 +154,29 @@ class Worker:
 
     def submit(self, fn: Callable[[], Any], priority: int = NORMAL, key: Any = None) -> Future:
         """Run `fn()` on the worker (under inference mode); the future holds its result (a generator's return
-        value, for a generator job). `key`: the session the job belongs to (its jobs run in order)."""
+        value, for a generator job). `key`: the session the job belongs to (its jobs run in order: an urgent job
+        makes that session's jobs still queued urgent too, `_expedite`)."""
         future: Future = Future()
         with self._wake:
             if self._closed:
                 raise RuntimeError("the engine is closed")
+            if priority == URGENT and key is not None:
+                self._expedite(key)
             heapq.heappush(self._jobs, _Job(priority, next(self._order), fn, future, key))
             TRACE(e="submit", key=key, p=priority, name=getattr(fn, "__name__", "?"))
             self._wake.notify()
         return future
 
-    def expedite(self, key: Any) -> None:
-        """The jobs of session `key` still queued become urgent, in their order: its caller paused and an urgent
-        job (the answer's preparation) is about to follow them, which would otherwise wait for them."""
-        with self._wake:
-            raised = [job for job in self._jobs if job.key == key and job.priority != URGENT]
-            for job in raised:
-                job.priority = URGENT
-            if raised:
-                heapq.heapify(self._jobs)
-                self._wake.notify()
-        TRACE(e="expedite", key=key, jobs=len(raised))
+    def _expedite(self, key: Any) -> None:
+        """(With `_wake` held.) The jobs of session `key` still queued become urgent, in their order: an urgent job
+        of that session (the answer's preparation, its caller having paused) follows them, and would otherwise
+        wait for them behind other sessions' ordinary work, or go before them."""
+        raised = [job for job in self._jobs if job.key == key and job.priority != URGENT]
+        for job in raised:
+            job.priority = URGENT
+        if raised:
+            heapq.heapify(self._jobs)
+            TRACE(e="expedite", key=key, jobs=len(raised))
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -315,8 +317,8 @@ class Worker:
 
     def _join(self, waiting: dict[Any, _Waiting], priority: int, busy: set = frozenset()) -> None:
         """Start the queued jobs of sessions with no job in the round (each session's first only; `busy`: more
-        sessions to leave out, those of a stage not yet resumed), in order; in a round of urgent jobs (answer starts), only urgent ones: a caller's
-        answer never waits for others' audio. None while `held()`."""
+        sessions to leave out, those of a stage not yet resumed), in order; in a round of urgent jobs (answer
+        starts), only urgent ones: a caller's answer never waits for others' audio. None while `held()`."""
         with self._wake:
             if self._held:
                 return
