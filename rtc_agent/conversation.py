@@ -657,7 +657,7 @@ class Conversation:
         """Ask the engine to prepare the answer without waiting for it to be ready (`_call_on`): an answer asked for
         while it is still being made starts the moment it is ready, on the engine's side. (Awaited here, the
         answer's request went out only once the preparation's reply came back, and then waited behind a step of
-        the other calls' answers: 12-25 ms P50 of 24 at once, docs/PERFORMANCE.md, twenty-seventh session.)"""
+        the other calls' answers: 10-28 ms P50 of 24 at once, docs/PERFORMANCE.md, twenty-seventh session.)"""
         started = time.monotonic()
 
         def prepared() -> None:
