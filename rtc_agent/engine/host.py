@@ -3,11 +3,11 @@
 Each media process holds one connection and opens a session per call on it. Requests run as tasks on this
 process's event loop in the order they arrive, each task queuing its work on the engine's worker in its first
 step, so a call's work keeps its order (an answer asked for right after its preparation, before that is done,
-starts after it) while a cancel reaches an answer that is still streaming, as in one process. A media process that goes away
-(a crash, kill -9) closes its connection: its requests stop, and each session it held is closed (its slot goes
-back to the engine) unless its call can be resumed (`resumable`: the call's resume token and window). Such a
-session waits that window, history and slot kept, for another media process to `adopt` it with the token, which
-its caller brings there in a resume offer.
+starts after it) while a cancel reaches an answer that is still streaming, as in one process. A media process
+that goes away (a crash, kill -9) closes its connection: its requests stop, and each session it held is closed
+(its slot goes back to the engine) unless its call can be resumed (`resumable`: the call's resume token and
+window). Such a session waits that window, history and slot kept, for another media process to `adopt` it with
+the token, which its caller brings there in a resume offer.
 """
 from __future__ import annotations
 
