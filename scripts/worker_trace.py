@@ -5,6 +5,7 @@ answer's preparation and start waited, and the worker's rounds and steps around 
     python3 scripts/worker_trace.py trace.1234                  # every preparation and answer start: wait, run
     python3 scripts/worker_trace.py trace.1234 --around 2 --ms 800   # the timeline around the 2nd answer start
     python3 scripts/worker_trace.py trace.1234 --host               # the worker's time in each piece of each job
+    python3 scripts/worker_trace.py trace.1234 --bursts 8           # each burst of 8 or more preparations: its rounds
 
 Times are ms; `wait` is from the job's submission to its start, `run` from its start to its end (rounds and steps
 of other work in between included). A round lists its sessions' requests (AudioRequest, PrefillRequest,
@@ -12,6 +13,9 @@ TalkerPrefillRequest); a step, how many answers it advanced and the smallest lea
 both say how long the GPU took for them (a round's own time is only the time to queue its work). `--host` sums
 the `host` lines: the worker's time in each piece of a job (from its start or a round's result up to its next
 request, or its end), by job and request; a piece that reads a GPU result back includes the wait for it.
+`--bursts N`: for each burst of at least N preparations asked for less than 100 ms after the one before
+(callers who stop talking together), how long after the first ask the last first frames were made, and every
+round up to then with its GPU time: whether the burst waited for the GPU or for the rounds' order.
 """
 from __future__ import annotations
 
@@ -43,14 +47,44 @@ def jobs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(done, key=lambda j: j["submit"])
 
 
+def bursts(events: list[dict[str, Any]], least: int) -> None:
+    """Print each burst of at least `least` preparations: its asks' spread, its rounds up to its last first-frame
+    stage, and their GPU time."""
+    asks = [e["t"] for e in events if e["e"] == "submit" and e["name"] == "prepare_answer"]
+    groups: list[list[float]] = []
+    for t in asks:
+        if groups and t - groups[-1][-1] < 100:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    gpu = {e["n"]: e["ms"] for e in events if e["e"] == "gpu"}
+    for group in (g for g in groups if len(g) >= least):
+        t0 = group[0]
+        rounds = [e for e in events if e["e"] == "round" and t0 <= e["t"] <= group[-1] + 1000]
+        framed = [e["t"] for e in rounds if "FrameRequest" in e["kinds"]]
+        end = max(framed) if framed else max((e["t"] for e in rounds), default=t0)
+        rounds = [e for e in rounds if e["t"] <= end]
+        on_gpu = sum(gpu.get(e["n"], 0.0) for e in rounds)
+        print(f"{len(group)} preparations asked over {group[-1] - t0:.1f} ms; first frames made {end - t0:.1f} ms "
+              f"after the first ask; {len(rounds)} rounds, {on_gpu:.1f} ms of GPU")
+        for e in rounds:
+            kinds = ",".join(sorted({k.replace("Request", "") for k in e["kinds"]}))
+            took = f"  GPU {gpu[e['n']]:6.1f} ms" if e["n"] in gpu else ""
+            print(f"  {e['t'] - t0:7.1f}  round of {len(e['keys']):2} {kinds:<14} queued in {e['ms']:6.1f} ms{took}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace")
     p.add_argument("--around", type=int, help="print the timeline around the Nth answer start (1: the first)")
     p.add_argument("--ms", type=float, default=600, help="how far before and after it")
     p.add_argument("--host", action="store_true", help="the worker's time per piece of job, by job and request")
+    p.add_argument("--bursts", type=int, metavar="N", help="each burst of N or more preparations and its rounds")
     args = p.parse_args()
     events = [json.loads(line) for line in open(args.trace)]
+    if args.bursts:
+        bursts(events, args.bursts)
+        return
     if args.host:
         pieces: dict[tuple[str, str], list[float]] = {}
         for e in events:
