@@ -635,8 +635,12 @@ class Conversation:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.exception("engine call %s failed", type(call).__name__)
-                self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
+                self._engine_call_failed(type(call).__name__, exc)
+
+    def _engine_call_failed(self, name: str, exc: Exception) -> None:
+        """An engine call failed: say so to the client; the call goes on."""
+        log.exception("engine call %s failed", name, exc_info=exc)
+        self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
 
     async def _push_audio(self, samples: np.ndarray, at: float, urgent: bool) -> None:
         """Send caller audio to the engine without waiting for it to be taken in (`_call_on`): a preparation queued
@@ -674,8 +678,7 @@ class Conversation:
             try:
                 await call
             except Exception as exc:
-                log.exception("engine call %s failed", name)
-                self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
+                self._engine_call_failed(name, exc)
             else:
                 done()
 

@@ -47,6 +47,16 @@ def jobs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(done, key=lambda j: j["submit"])
 
 
+def gpu_times(events: list[dict[str, Any]]) -> dict[int, float]:
+    """The GPU time of each round and step (by its `n`), on a GPU."""
+    return {e["n"]: e["ms"] for e in events if e["e"] == "gpu"}
+
+
+def kinds(round_: dict[str, Any]) -> str:
+    """A round's kinds of request, short: "Audio,Prefill"."""
+    return ",".join(sorted({k.replace("Request", "") for k in round_["kinds"]}))
+
+
 def bursts(events: list[dict[str, Any]], least: int) -> None:
     """Print each burst of at least `least` preparations: its asks' spread, its rounds up to its last first-frame
     stage, and their GPU time."""
@@ -57,7 +67,7 @@ def bursts(events: list[dict[str, Any]], least: int) -> None:
             groups[-1].append(t)
         else:
             groups.append([t])
-    gpu = {e["n"]: e["ms"] for e in events if e["e"] == "gpu"}
+    gpu = gpu_times(events)
     for group in (g for g in groups if len(g) >= least):
         t0 = group[0]
         rounds = [e for e in events if e["e"] == "round" and t0 <= e["t"] <= group[-1] + 1000]
@@ -68,9 +78,8 @@ def bursts(events: list[dict[str, Any]], least: int) -> None:
         print(f"{len(group)} preparations asked over {group[-1] - t0:.1f} ms; first frames made {end - t0:.1f} ms "
               f"after the first ask; {len(rounds)} rounds, {on_gpu:.1f} ms of GPU")
         for e in rounds:
-            kinds = ",".join(sorted({k.replace("Request", "") for k in e["kinds"]}))
             took = f"  GPU {gpu[e['n']]:6.1f} ms" if e["n"] in gpu else ""
-            print(f"  {e['t'] - t0:7.1f}  round of {len(e['keys']):2} {kinds:<14} queued in {e['ms']:6.1f} ms{took}")
+            print(f"  {e['t'] - t0:7.1f}  round of {len(e['keys']):2} {kinds(e):<14} queued in {e['ms']:6.1f} ms{took}")
 
 
 def main() -> None:
@@ -103,15 +112,14 @@ def main() -> None:
         return
     starts = [e["t"] for e in events if e["e"] == "submit" and e["name"] == "start"]
     t0 = starts[args.around - 1]
-    gpu = {e["n"]: e["ms"] for e in events if e["e"] == "gpu"}  # GPU time of each round and step, on a GPU
+    gpu = gpu_times(events)
     for e in events:
         if abs(e["t"] - t0) > args.ms:
             continue
         at = f"{e['t'] - t0:8.1f}"
         on_gpu = f"  (GPU {gpu[e['n']]:.1f} ms)" if e.get("n") in gpu else ""
         if e["e"] == "round":
-            kinds = ",".join(sorted({k.replace("Request", "") for k in e["kinds"]}))
-            print(at, f"round {e['ms']:6.1f} ms  {len(e['keys'])} sessions  {kinds}{on_gpu}")
+            print(at, f"round {e['ms']:6.1f} ms  {len(e['keys'])} sessions  {kinds(e)}{on_gpu}")
         elif e["e"] == "step":
             print(at, f"step  {e['ms']:6.1f} ms  {e['answers']} answers, least lead {e['lead_ms']} ms{on_gpu}")
         elif e["e"] in ("submit", "start") and (e["name"] in WATCHED or e["p"] == 0):
