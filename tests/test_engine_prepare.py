@@ -53,7 +53,7 @@ def test_a_prepared_answer_is_the_answer_the_turn_gives_at_its_end():
     for _, frames, done in prepared:
         assert frames and done.metrics["ready_before_ms"] >= 0 and done.metrics["ttft_ms"] <= done.metrics["ttfp_ms"]
         assert done.metrics["frames_ready"] == 1  # its first frame was made before the turn's end
-    without_frame = _run_turns([said, "prepare", "respond"], first_frame=None)  # (the CPU's default)
+    without_frame = _run_turns([said, "prepare", "respond"], first_frame=False)  # (the CPU's default)
     assert [_answer(a) for a in without_frame] == [_answer(a) for a in at_the_end[:1]]
     metrics = without_frame[0][2].metrics
     assert metrics["frames_ready"] == 0 and metrics["ttft_ms"] < metrics["ttfp_ms"]  # (its first frame came after)
@@ -119,6 +119,30 @@ def test_without_a_side_stream_each_frame_goes_out_before_the_next_token_is_made
         order.append(f"token after {answers[0].frames}"), start_tokens(pool, answers, overlap))[1])
     _run_turns([caller_audio(1.7, seed=4), "respond"], first_frame=None)
     assert order[:6] == ["frame 0", "token after 0", "frame 1", "token after 1", "frame 2", "token after 2"], order
+
+
+def test_a_preparation_ends_with_the_first_frame_and_the_answers_first_step_makes_the_token_after_it(monkeypatch):
+    """The round's last stage makes the prepared answers' first frames only: the Thinker token and the Talker step
+    for their second frames, which every answer of the stage would wait for before its first frame could go out,
+    come with the answer's first step. The answer is the same (the first test of this file)."""
+    from rtc_agent.engine import answer as answer_module
+
+    order: list[str] = []
+    start_tokens = answer_module._start_tokens
+    monkeypatch.setattr(answer_module, "_start_tokens", lambda pool, answers, overlap: (
+        order.append(f"token after {answers[0].frames}"), start_tokens(pool, answers, overlap))[1])
+
+    async def turn(session) -> None:
+        await _turns(session, [caller_audio(1.7, seed=4), "prepare"])
+        order.append("prepared")
+        await one_turn(session, np.zeros(0, np.float32))
+
+    session = engine_for(prefill_chunk_s=1.0, first_frame_in_preparation=True).new_session(OPTIONS)
+    try:
+        run(turn(session))
+    finally:
+        run(session.close())
+    assert order[:2] == ["prepared", "token after 1"], order  # (before: "token after 0", "prepared")
 
 
 def test_pushes_sent_without_waiting_for_each_other_keep_their_order_from_a_calls_first_input() -> None:

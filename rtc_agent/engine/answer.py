@@ -19,7 +19,7 @@ import torch
 
 from .events import Event, ResponseDone, SpeechFrame, TextDelta
 from .tools import AnswerCalls, Constraint
-from .graphs import rows_for
+from .graphs import rows_for, to_device
 from .sampling import Sampling, gumbel_rows
 from .slots import SlotPool
 
@@ -51,6 +51,7 @@ class Answer:
         self.step_started = started
         self.after: list[Callable[[], None]] = []  # run on the worker once the answer is done
         self.calls: AnswerCalls | None = None  # its function calls, when the session offers tools (tools.py)
+        self.talker_behind: torch.Tensor | None = None  # its first frame's codes, while their Talker step waits
 
     @property
     def row(self) -> int:
@@ -155,19 +156,24 @@ def tick(pool: SlotPool, answers: list[Answer]) -> None:
             answer.finish()
 
 
-def speak(pool: SlotPool, answers: list[Answer]) -> None:
-    """The next frame of each of `answers` (answers that speak), one batched step per sampling group."""
+def speak(pool: SlotPool, answers: list[Answer], first: bool = False) -> None:
+    """The next frame of each of `answers` (answers that speak), one batched step per sampling group. `first`:
+    prepared answers' first frames (`FrameRequest`), made and sent without the Thinker token and the Talker step
+    that lead to the second; each answer's first step makes them before its own (`_catch_up`)."""
     groups: dict[tuple[Sampling, ...], list[Answer]] = {}
     for answer in answers:
         groups.setdefault(_sampling_key(answer), []).append(answer)
     for group in groups.values():
-        _frames(pool, group)
+        _frames(pool, group, first)
 
 
 @dataclass(frozen=True)
 class FrameRequest:
     """A prepared answer's first frame (`CallContext.prepare_answer`): the worker makes the first frames of every
-    answer prepared in a round in one batched step (`speak`), the last stage of the round."""
+    answer prepared in a round in one batched step (`speak`), the last stage of the round. Only the frame: on the
+    H200 the stage took 42 ms for 24 answers with the Thinker token and Talker step for their second frames, which
+    every one of them waited for before its first could go out; their first step makes those, as it would have
+    waited for this stage's anyway (docs/PERFORMANCE.md, twenty-eighth session)."""
 
     answer: Answer
 
@@ -197,13 +203,15 @@ def _start_tokens(pool: SlotPool, answers: list[Answer], overlap: bool) -> None:
     pool.start_tokens(rows, samplings, overlap, constraints)
 
 
-def _frames(pool: SlotPool, group: list[Answer]) -> None:
-    """One frame for each answer of `group` (answers that share their sampling settings)."""
+def _frames(pool: SlotPool, group: list[Answer], first: bool = False) -> None:
+    """One frame for each answer of `group` (answers that share their sampling settings); `first`: see `speak`."""
     talker = pool.talker
-    core = group[0].context.core
+    talker_sampling, predictor_sampling = _shared(group, "talker_sampling"), _shared(group, "predictor_sampling")
+    behind = [a for a in group if a.talker_behind is not None]
+    if behind:
+        _catch_up(pool, behind, talker_sampling)
     rows = rows_for(max(a.row for a in group), len(pool))
     members = {a.row: a for a in group}
-    talker_sampling, predictor_sampling = _shared(group, "talker_sampling"), _shared(group, "predictor_sampling")
     residual = (talker.config.num_code_groups - 1) * talker.residual_vocab
     noise = gumbel_rows(_draws(members, rows, "predictor_sampling"), residual, talker.device)
     codes = talker.frame_codes(rows, predictor_sampling, noise)
@@ -216,7 +224,7 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
             going.append(a)
     if not going:
         return
-    ahead = [a for a in going if not a.thinker_done]
+    ahead = [] if first else [a for a in going if not a.thinker_done]
     # On a GPU the Thinker's next token (for the frame after this one) runs on the side stream beside this frame's
     # Code2Wav. Without a side stream (the CPU) the step sends its frames first and makes the token after them:
     # every frame goes out that much sooner, the first one included (tiny model, 2-core CPU: the first packet
@@ -226,14 +234,38 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
         _start_tokens(pool, ahead, overlap=True)
     pool.frame_codes.start(codes)
     pool.frame_samples.start(_speech(pool, rows, going, codes))
-    if not overlap:
+    if first or not overlap:
         _send_frames(pool, going)
-        if ahead:
-            _start_tokens(pool, ahead, overlap=False)
+    if ahead and not overlap:
+        _start_tokens(pool, ahead, overlap=False)
+    last = {a.row: a.frames + 1 >= a.options.max_frames for a in going}
+    deltas: dict[int, TextDelta] = {}
+    if first:
+        for a in going:
+            if not last[a.row]:
+                a.talker_behind = codes[a.row].clone()
+    else:
+        deltas = _next_talker_step(pool, rows, members, codes, going, ahead, last, talker_sampling)
+        if overlap:
+            _send_frames(pool, going)
+    for a in going:
+        a.frames += 1
+        if last[a.row] or a.interrupted_at is not None:
+            a.end_speech()
+        elif a.row in deltas:
+            a.emit(deltas[a.row])
+
+
+def _next_talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], codes: torch.Tensor,
+                      going: list[Answer], ahead: list[Answer], last: dict[int, bool],
+                      sampling: Sampling) -> dict[int, TextDelta]:
+    """Queue the Talker step after the frame of `codes` for the answers `going` on: its text input is the Thinker
+    token queued for `ahead` (read here), or tts_eos once the text has ended, then tts_pad; none for an answer whose
+    frame was its `last`. Returns the transcript's deltas, by row."""
+    core = going[0].context.core
     tokens = pool.tokens() if ahead else []
     texts: dict[int, torch.Tensor | int] = {}  # row -> the Talker's text input: a token, or tts_eos / tts_pad
     deltas: dict[int, TextDelta] = {}
-    last = {a.row: a.frames + 1 >= a.options.max_frames for a in going}
     for a in going:
         if a in ahead and not last[a.row]:  # at the frame limit the token goes unused (cropped with the answer)
             token = tokens[a.row]
@@ -251,14 +283,24 @@ def _frames(pool: SlotPool, group: list[Answer]) -> None:
             texts[a.row] = core.tts["eos"] if a.text_after_end == 0 else core.tts["pad"]
             a.text_after_end += 1
     if texts:
-        _talker_step(pool, rows, members, codes, texts, talker_sampling)
-    if overlap:
-        _send_frames(pool, going)
-    for a in going:
-        a.frames += 1
-        if last[a.row] or a.interrupted_at is not None:
-            a.end_speech()
-        elif a.row in deltas:
+        _talker_step(pool, rows, members, codes, texts, sampling)
+    return deltas
+
+
+def _catch_up(pool: SlotPool, behind: list[Answer], sampling: Sampling) -> None:
+    """The Thinker token and the Talker step that a first frame made in a preparation left for later (`speak`)."""
+    rows = rows_for(max(a.row for a in behind), len(pool))
+    codes = behind[0].talker_behind.new_zeros(rows, behind[0].talker_behind.shape[0])
+    index = to_device(torch.tensor([a.row for a in behind]), codes.device)
+    codes.index_copy_(0, index, torch.stack([a.talker_behind for a in behind]))
+    ahead = [a for a in behind if not a.thinker_done]
+    if ahead:
+        _start_tokens(pool, ahead, overlap=False)
+    deltas = _next_talker_step(pool, rows, {a.row: a for a in behind}, codes, behind, ahead,
+                               {a.row: False for a in behind}, sampling)
+    for a in behind:
+        a.talker_behind = None
+        if a.row in deltas:
             a.emit(deltas[a.row])
 
 

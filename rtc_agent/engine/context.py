@@ -479,7 +479,8 @@ class CallContext:
         The first frame is made here (`EngineOptions.first_frame_in_preparation`), in the round's last stage with
         the other answers prepared in it, so that the turn's end costs no step of the GPU: with 24 callers ending
         their turns at once such a step took 45 ms, which each of them waited after their verdict
-        (docs/PERFORMANCE.md, twenty-fourth session).
+        (docs/PERFORMANCE.md, twenty-fourth session). The Thinker token and Talker step that lead to its second
+        frame are left to the answer's first step (`answer.speak`).
 
         The audio still pending goes into the answer's own prefill (one prefill, not two, at every pause), and an
         undo gives it back as pending. A turn not yet open, or with video, is flushed first: opening a turn and

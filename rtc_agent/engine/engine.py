@@ -137,7 +137,7 @@ class Engine:
         return results
 
     def _first_frames(self, requests: list[FrameRequest]) -> list[None]:
-        speak(self.pool, [r.answer for r in requests])
+        speak(self.pool, [r.answer for r in requests], first=True)
         return [None] * len(requests)
 
     def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
