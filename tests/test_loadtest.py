@@ -52,6 +52,8 @@ def test_two_callers_both_get_answers_and_the_json_has_every_field(wav: str) -> 
         assert overall["frames_sent"] > 0 and overall["frames_dropped"] == 0
         assert {"frames_late", "gaps", "max_gap_ms", "client_loop_lag_ms_max"} <= overall.keys()
         assert overall["server_loop_lag_ms_max"] >= 0  # the server's own measure, through response.done
+        ends = [c["turns"][0]["speech_end_monotonic_s"] for c in report["callers"]]
+        assert overall["speech_end_spread_ms"] == [round((max(ends) - min(ends)) * 1000, 1)]
         spent = report["server_processes"]["server"]  # (one process: no `process` label)
         assert spent["loop_wakeups"] > 0 and spent["loop_lag_ms_at_most"] is not None
         assert spent["gc_pause_ms_at_most"] is not None  # (young collections run all the time)

@@ -258,7 +258,8 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
     for i, (start_at, end_at) in enumerate(said):
         next_at = said[i + 1][0] if i + 1 < len(said) else float("inf")
         done, cut_ins = answer_done(call, start_at, next_at)
-        turns.append({**turn_report(call, end_at, next_at, done, settings.gap_s), "cut_ins": cut_ins})
+        turns.append({**turn_report(call, end_at, next_at, done, settings.gap_s), "cut_ins": cut_ins,
+                      "speech_end_monotonic_s": round(end_at, 4)})
     return failure
 
 
@@ -383,7 +384,20 @@ def summary(callers: list[dict[str, Any]], loop_lag_ms: float) -> dict[str, Any]
             "failed": sum(1 for c in callers if c["failure"]), "failures": failures,
             "resumed": sum(1 for c in callers if c.get("resumes")),
             **caller_summary([t for c in callers for t in c["turns"]]),
+            "speech_end_spread_ms": speech_end_spread(callers),
             "client_loop_lag_ms_max": round(loop_lag_ms, 1)}
+
+
+def speech_end_spread(callers: list[dict[str, Any]]) -> list[float]:
+    """For each turn (the callers' first, second...), how far apart the callers' speech ended: the last less the
+    first, in ms. Callers started together do not stop together (each call's media starts when it connects), and
+    at many callers this spread decides much of the heard latency: the server's work for the turns that ended
+    first is done, or not, by the time the last ones end (docs/PERFORMANCE.md, twenty-eighth session)."""
+    ends: dict[int, list[float]] = {}
+    for c in callers:
+        for n, turn in enumerate(c["turns"]):
+            ends.setdefault(n, []).append(turn["speech_end_monotonic_s"])
+    return [round((max(at) - min(at)) * 1000, 1) for _, at in sorted(ends.items())]
 
 
 def _pp(p: dict[str, Any]) -> str:
@@ -425,6 +439,9 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
           + (f"; {o['cut_ins']} answers began inside a caller's utterance and were cut by it" if o["cut_ins"] else ""))
     print(f"  heard latency (end of speech -> first answer audio): P50 {h['p50']} ms, P90 {h['p90']} ms, "
           f"max {h['max']} ms over {h['n']} turns")
+    if o["callers"] > 1 and o["speech_end_spread_ms"]:
+        print(f"  the callers' speech ended within {', '.join(f'{ms:g}' for ms in o['speech_end_spread_ms'])} ms of "
+              "each other (each turn: the last less the first)")
     print(f"  server ttfp_ms (turn end -> first packet): P50 {t['p50']}, P90 {t['p90']}, max {t['max']}; "
           f"engine ttfp P50 {e['p50']}, P90 {e['p90']}")
     w, v = o["end_of_turn_wait_ms"], o["verdict_ms"]
