@@ -16,21 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from burst_profile import caller_audio  # (scripts/ is on the path of a script run from it)
 from rtc_agent.engine.engine import Engine
 from rtc_agent.engine.events import ResponseDone, SpeechFrame
 from rtc_agent.engine.options import EngineOptions, SessionOptions
 
 OPTIONS = SessionOptions(seed=7, max_answer_tokens=10, max_frames=12)  # seeded sampling: a lost draw shows
-
-
-def caller_audio(seconds: float, seed: int) -> np.ndarray:
-    """A gliding harmonic tone under an amplitude envelope, plus noise (tests/engine_helpers.py's)."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * 16000)) / 16000
-    phase = 2 * np.pi * np.cumsum(120 + 40 * np.sin(2 * np.pi * 0.7 * t + seed)) / 16000
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 6))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2
-    return (0.2 * voiced * envelope + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
 
 
 async def answers(engine: Engine, pieces: list[Any]) -> list[dict[str, Any]]:
