@@ -71,6 +71,9 @@ class Engine:
                 special = torch.tensor([[self.ids.tts_bos, self.ids.tts_eos, self.ids.tts_pad]], device=self.device)
                 bos, eos, pad = self.project_text(self.model.thinker.get_input_embeddings()(special)).chunk(3, dim=1)
                 self.tts = {"bos": bos, "eos": eos, "pad": pad}
+                codec_bos = torch.tensor([[self.model.config.talker_config.codec_bos_id]], device=self.device)
+                self.codec_bos = self.model.talker.get_input_embeddings()(codec_bos)  # [1, 1, hidden]
+            self._answer_prefixes: dict[str, torch.Tensor] = {}  # voice -> `answer_prefix`
             started = time.perf_counter()
             self.pool = SlotPool(self, slot_count(self, options.max_sessions))
             defaults = SessionOptions()
@@ -145,6 +148,21 @@ class Engine:
 
     def speaker_id(self, voice: str) -> int:
         return self.model.config.talker_config.speaker_id[voice]
+
+    def answer_prefix(self, voice: str) -> torch.Tensor:
+        """The Talker's input at the first 8 positions of every spoken answer in `voice` [1, 8, hidden], made once
+        per voice. Text side: the assistant header's 3 ids (through text_projection), 4 x tts_pad, tts_bos. Codec
+        side: zeros under the header, then nothink, think_bos, think_eos, the speaker, codec_pad. The 9th position,
+        the answer's first text token over codec_bos, comes with the token (`SlotPool.first_tokens`)."""
+        if voice not in self._answer_prefixes:
+            cfg, i = self.model.config.talker_config, self.ids
+            text = torch.cat((self.text_input([[i.im_start, i.assistant, i.newline]]), self.tts["pad"].expand(1, 4, -1),
+                              self.tts["bos"]), dim=1)
+            codec_ids = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, self.speaker_id(voice),
+                         cfg.codec_pad_id]
+            codec = self.model.talker.get_input_embeddings()(to_device(torch.tensor([codec_ids]), self.device))
+            self._answer_prefixes[voice] = text + torch.cat((text.new_zeros(1, 3, text.shape[-1]), codec), dim=1)
+        return self._answer_prefixes[voice]
 
     async def run(self, fn: Callable[..., T], *args, urgent: bool = False, key: Any = None) -> T:
         """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first. `key`: the session

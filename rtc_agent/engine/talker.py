@@ -74,6 +74,7 @@ class Talker:
         self.suppress[0, self.vocab - 1024:] = True
         self.suppress[0, self.config.codec_eos_token_id] = False
         self.seen = torch.zeros(slots, self.vocab, dtype=torch.bool, device=param.device)  # repetition history
+        self._true = torch.ones((), dtype=torch.bool, device=param.device)  # (made on the spot it would sync)
         hidden = self.config.text_config.hidden_size
         self.last_hidden = param.new_zeros(slots, 1, hidden)  # each row's Talker output at its last position
         self.code0 = torch.zeros(slots, 1, dtype=torch.long, device=param.device)  # each row's latest code 0
@@ -130,7 +131,7 @@ class Talker:
             picked = to_device(torch.tensor(members), self.device)
             code0 = self.choose_code0(logits.index_select(0, picked), sampling, noise.index_select(0, picked),
                                       self.seen.index_select(0, chosen))
-            self.seen.index_put_((chosen, code0.view(-1)), torch.tensor(True, device=self.device))
+            self.seen.index_put_((chosen, code0.view(-1)), self._true)
             self.code0.index_copy_(0, chosen, code0)
         self.start_code0_copy()
 
@@ -319,26 +320,16 @@ class TalkerRow:
     def end_answer(self) -> None:
         self.cache.crop(self.user_length)
 
-    def start_answer(self, role_embeds: torch.Tensor, first_text: torch.Tensor, tts: dict[str, torch.Tensor],
-                     speaker_id: int, sampling: Sampling, generator, user_part: UserPart | None = None
+    def start_answer(self, prefix: torch.Tensor, sampling: Sampling, generator, user_part: UserPart | None = None
                      ) -> TalkerPrefilling:
-        """Prefill the 9-position assistant prefix and choose code 0 of the first frame (on the device, in
-        `Talker.code0` of this row).
-
-        Text side: the 3 role tokens, 4 x tts_pad, tts_bos, the first text token (all through text_projection).
-        Codec side: zeros under the role tokens, then nothink, think_bos, think_eos, speaker, codec_pad, codec_bos.
+        """Prefill the 9-position assistant `prefix` (`FirstToken.talker_prefix`) and choose code 0 of the first
+        frame (on the device, in `Talker.code0` of this row).
 
         `user_part`: the end of the caller's turn, not yet in the user context. Where it sits at the sequential
         positions and fits one short prefill with the prefix, the two are one prefill: a turn end then costs the
         worker one round of Talker prefills instead of two (in a burst of turn ends, each round adds a wait for the
         GPU and a pass over every session in it).
         """
-        talker, cfg = self.talker, self.talker.config
-        text = torch.cat((role_embeds, tts["pad"].expand(1, 4, -1), tts["bos"], first_text), dim=1)
-        codec_ids = to_device(torch.tensor([[cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id,
-                                             speaker_id, cfg.codec_pad_id, cfg.codec_bos_id]]), text.device)
-        codec = torch.cat((text.new_zeros(1, 3, text.shape[-1]), talker.talker.get_input_embeddings()(codec_ids)), dim=1)
-        prefix = text + codec
         self.cache.crop(self.user_length)
         joined = user_part is not None and self._joins(user_part, prefix.shape[1])
         if joined:
