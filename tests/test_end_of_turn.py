@@ -111,6 +111,35 @@ def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_
     assert (together[:3] > 0.8).all() and (together[3:] < 0.3).all(), together
 
 
+def test_windows_written_into_a_reused_buffer_equal_fresh_ones() -> None:
+    """The engine's scorer writes each batch's windows into one pinned buffer: rows that held a longer turn before
+    must come out as the fresh windows (zeros in front), and the rows past the batch stay as they were."""
+    turns = [np.full(16_000 * 9, 0.5, np.float32), np.full(16_000 // 2, -0.25, np.float32), np.zeros(0, np.float32)]
+    buffer = np.full((4, 16_000 * 8), 7.0, np.float32)
+    written = windows(turns, out=buffer)
+    assert written.shape == (3, 16_000 * 8) and np.shares_memory(written, buffer)
+    assert np.array_equal(written, windows(turns))
+    assert (buffer[3] == 7.0).all()
+
+
+def test_warm_up_runs_the_process_model_once_on_each_thread_count_and_never_asks_the_engine() -> None:
+    """Server start-up (`warm_up_media`): a process's first verdict is the model's first run, slower than the rest."""
+    runs: list[int] = []
+
+    def model(audio: np.ndarray, threads: int) -> float:
+        runs.append(threads)
+        return 0.5
+
+    async def engine(audio: np.ndarray) -> tuple[float, float]:
+        raise AssertionError("the warm-up asked the engine")
+
+    EndOfTurnScorer(model, engine=engine, local=1).warm_up()
+    assert runs == [1, WIDE_THREADS]
+    EndOfTurnScorer(None, engine=engine, local=0).warm_up()  # (every verdict from the engine: nothing to warm)
+    assert runs == [1, WIDE_THREADS]
+
+
+
 @pytest.mark.parametrize("where", ["engine", "overflow"])
 def test_an_engine_that_scores_turns_ends_a_calls_turn_on_its_verdicts_not_on_a_pause(where: str) -> None:
     """--end-of-turn-on engine: the media side sends the turn's audio to the engine, which scores every call's

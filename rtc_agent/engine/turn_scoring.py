@@ -31,7 +31,7 @@ import torch
 from ..media.end_of_turn import RATE, WINDOW_S, model_installed, model_path, windows
 from ..media.onnx_torch import TorchGraph
 from .audio_input import LogMel
-from .graphs import CapturedStep, batch_sizes
+from .graphs import CapturedStep, HostCopy, batch_sizes
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 32  # turns a batch (memory: 32 x 8 s windows are ~0.5 GB of activations)
@@ -64,6 +64,11 @@ class DeviceTurnModel:
         self._log_mel = LogMel(WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=WINDOW_S),
                                device)
         self._graph = TorchGraph(model_path(), device)
+        # A batch's audio goes in and its verdicts come out through pinned memory, waited for by an event: a
+        # plain copy from or to pageable memory waits for the GPU inside the driver, where (measured on the H200)
+        # the worker thread's launches then waited too, for the whole batch.
+        self._host_input = torch.zeros(MAX_BATCH, RATE * WINDOW_S, pin_memory=True) if cuda else None
+        self._verdicts = HostCopy((MAX_BATCH,), torch.float32, device)
         pool = torch.cuda.graph_pool_handle() if cuda else None  # (one batch at a time: the graphs share memory)
         self._steps: dict[int, CapturedStep] = {}
         with self._on_stream():
@@ -73,9 +78,16 @@ class DeviceTurnModel:
 
     def __call__(self, turns: list[np.ndarray]) -> list[float]:
         rows = next((size for size in self._steps if size >= len(turns)), len(turns))  # (CPU: any, eagerly)
-        x = torch.from_numpy(windows(turns + [np.zeros(0, np.float32)] * (rows - len(turns))))
+        padded = turns + [np.zeros(0, np.float32)] * (rows - len(turns))
         with self._on_stream():
-            return self._steps.get(rows, self._probabilities)(x)[:len(turns)].tolist()
+            if self._host_input is None:
+                x = torch.from_numpy(windows(padded))
+            else:  # (pinned: rewritten only after the last batch's verdicts, which come after its copy, are back)
+                x = self._host_input[:rows]
+                windows(padded, out=x.numpy())
+                x = x.to(self.device, non_blocking=True)
+            self._verdicts.start(self._steps.get(rows, self._probabilities)(x)[:len(turns)])
+            return self._verdicts.get()[:len(turns)].tolist()
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The model's input [turns, 80, 800] for turns' `windows` [turns, RATE x WINDOW_S] on the device."""

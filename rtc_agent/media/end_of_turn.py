@@ -94,13 +94,15 @@ class EndOfTurnModel:
         return float(np.asarray(out).reshape(-1)[0])
 
 
-def windows(turns: list[np.ndarray]) -> np.ndarray:
+def windows(turns: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
     """The model's view of each turn: its last WINDOW_S, zero-padded at the front as the model was trained
-    [turns, RATE x WINDOW_S]."""
+    [turns, RATE x WINDOW_S]; written into the first rows of `out` where given (its other rows are left as they
+    are)."""
     window = RATE * WINDOW_S
-    batch = np.zeros((len(turns), window), np.float32)
+    batch = np.zeros((len(turns), window), np.float32) if out is None else out[:len(turns)]
     for row, audio in zip(batch, turns):
         audio = np.asarray(audio, np.float32)[-window:]
+        row[:window - len(audio)] = 0.0
         row[window - len(audio):] = audio
     return batch
 
@@ -167,6 +169,13 @@ class EndOfTurnScorer:
         self._running = 0  # decisions running on this process's threads
         self._asked_here = 0  # decisions asked for on this process's threads and not back yet (the event loop's)
         self.calls = 0  # calls whose turns it scores (SemanticTurn)
+
+    def warm_up(self) -> None:
+        """One verdict of this process's model on each of its thread counts, on silence (blocking; at start-up):
+        the first run of a session is slower than the rest, and no caller's turn should pay for it."""
+        if self._model is not None:
+            for threads in (1, WIDE_THREADS):
+                self._model(np.zeros(RATE // 2, np.float32), threads)
 
     def with_engine(self, engine: EngineScore, local: int) -> "EndOfTurnScorer":
         """A scorer with this one's models that takes verdicts from `engine` beyond `local` at once here."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fractions
+import functools
 import time
 
 import av
@@ -162,6 +163,14 @@ class OpusEncoder:
         return packets[0]
 
 
+@functools.cache
+def silence_packets() -> dict[int, bytes]:
+    """RTP step -> a pre-encoded silence packet of that length, made once a process. The server makes them at
+    start-up (`warm_up_media`): a process's first Opus encode took 16-23 ms on the H200 host, and inside a
+    caller's connect it held up every call of the process for that long."""
+    return {IDLE_STEP: _silence_packet(20), AWAIT_STEP: _silence_packet(10)}
+
+
 def _silence_packet(frame_ms: int) -> bytes:
     """An Opus packet of `frame_ms` of silence, as a settled encoder makes it."""
     encoder, silence = OpusEncoder(frame_ms=frame_ms), np.zeros(SAMPLE_RATE * frame_ms // 1000, np.float32)
@@ -202,15 +211,12 @@ class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
     first frame is awaited)."""
 
     kind = "audio"
-    _silence: dict[int, bytes] = {}  # RTP step -> a pre-encoded silence packet of that length
 
     def __init__(self) -> None:
         AnswerOutput.__init__(self)
         MediaStreamTrack.__init__(self)
         self._encoder = OpusEncoder()
         self._zeros = np.zeros(FRAME_SAMPLES, np.float32)
-        if not OutboundAudioTrack._silence:
-            OutboundAudioTrack._silence = {IDLE_STEP: _silence_packet(20), AWAIT_STEP: _silence_packet(10)}
         self._speaking = False  # 80 ms packets: from an answer's first frame to the flush after its last
         self._start: float | None = None
         self._pts = 0  # RTP timestamp of the next packet
@@ -235,7 +241,7 @@ class OutboundAudioTrack(AnswerOutput, MediaStreamTrack):
         else:
             awaiting = self._playout is not None and self._playout.awaiting_first_frame
             step = AWAIT_STEP if awaiting else IDLE_STEP
-            packet = av.Packet(self._silence[step])
+            packet = av.Packet(silence_packets()[step])
         packet.pts = self._pts
         packet.time_base = RTP_TIME_BASE
         self._pts += step

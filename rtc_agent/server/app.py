@@ -3,6 +3,7 @@ SIGTERM drains: no new calls, the process ends when the last call has)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 import sys
@@ -12,12 +13,14 @@ from typing import Any, Callable
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiortc import RTCCertificate
 
 from ..config import VOICES, Settings
 from ..loop_lag import freeze_startup_objects
 from ..media import last_words
 from ..media.end_of_turn import LOCAL_AT_ONCE, EndOfTurnScorer, installed_scorer, model_path, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
+from ..media.outbound import silence_packets
 from . import tls
 from .errors import ApiError
 from .guard import api_guard
@@ -99,6 +102,7 @@ async def _load_engine(state: ServerState) -> None:
             await state.engine.warmup()
         # The calls' end-of-turn scorer, loaded here so that no call waits for it
         state.end_of_turn = await asyncio.to_thread(end_of_turn_scorer, s, state.engine)
+        await asyncio.to_thread(warm_up_media, state.end_of_turn)
         if loading or state.tag:  # (a media process: torch, silero and the end-of-turn model)
             freeze_startup_objects()
         state.loaded = True
@@ -110,6 +114,19 @@ async def _load_engine(state: ServerState) -> None:
         state.load_error = f"{type(exc).__name__}: {exc}"
         log.exception("the model could not be loaded")
         raise
+
+
+def warm_up_media(end_of_turn: EndOfTurnScorer | None) -> None:
+    """What a process's first call would otherwise pay for once (blocking; at start-up). Its connect runs on the
+    event loop every call of the process shares, where the first DTLS certificate, the module pyOpenSSL imports
+    for the first handshake and the first Opus encode stalled the loop 16-27 ms in each media process on the H200
+    host (`RTC_AGENT_STALL_MS`); and its first verdict is the end-of-turn model's first run, 205 ms on one thread
+    against 130-138 for the next ones on the 2-core CI machine."""
+    RTCCertificate.generateCertificate()
+    importlib.import_module("cryptography.hazmat.primitives.serialization")
+    silence_packets()
+    if end_of_turn is not None:
+        end_of_turn.warm_up()
 
 
 def end_of_turn_scorer(s: Settings, engine: Any) -> EndOfTurnScorer | None:
