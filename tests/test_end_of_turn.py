@@ -139,7 +139,6 @@ def test_warm_up_runs_the_process_model_once_on_each_thread_count_and_never_asks
     assert runs == [1, WIDE_THREADS]
 
 
-
 @pytest.mark.parametrize("where", ["engine", "overflow"])
 def test_an_engine_that_scores_turns_ends_a_calls_turn_on_its_verdicts_not_on_a_pause(where: str) -> None:
     """--end-of-turn-on engine: the media side sends the turn's audio to the engine, which scores every call's
