@@ -99,10 +99,13 @@ def windows(turns: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarra
     [turns, RATE x WINDOW_S]; written into the first rows of `out` where given (its other rows are left as they
     are)."""
     window = RATE * WINDOW_S
-    batch = np.zeros((len(turns), window), np.float32) if out is None else out[:len(turns)]
+    if out is None:
+        batch = np.zeros((len(turns), window), np.float32)
+    else:
+        batch = out[:len(turns)]
+        batch.fill(0.0)
     for row, audio in zip(batch, turns):
         audio = np.asarray(audio, np.float32)[-window:]
-        row[:window - len(audio)] = 0.0
         row[window - len(audio):] = audio
     return batch
 
