@@ -31,10 +31,13 @@ import torch
 from ..media.end_of_turn import RATE, WINDOW_S, model_installed, model_path, windows
 from ..media.onnx_torch import TorchGraph
 from .audio_input import LogMel
-from .graphs import CapturedStep, HostCopy, batch_sizes
+from .graphs import CapturedStep, HostCopy
 
 log = logging.getLogger(__name__)
-MAX_BATCH = 32  # turns a batch (memory: 32 x 8 s windows are ~0.5 GB of activations)
+# The batch sizes graphs are captured for; a batch is padded to the next. 24, the default's slots: a burst of 24
+# callers' verdicts padded to 32 would cost the GPU a third more, beside the burst's preparations.
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32)
+MAX_BATCH = BATCH_SIZES[-1]  # turns a batch (memory: 32 x 8 s windows are ~0.5 GB of activations)
 
 
 def end_of_turn_mode(asked: str, device: torch.device) -> str:
@@ -48,7 +51,7 @@ def end_of_turn_mode(asked: str, device: torch.device) -> str:
 
 class DeviceTurnModel:
     """P(turn complete) for a batch of turns' audio (16 kHz mono float32), on `device`: one graph per batch size
-    (batch_sizes up to MAX_BATCH), a batch padded to the next (on a CPU the same code runs eagerly).
+    (BATCH_SIZES), a batch padded to the next (on a CPU the same code runs eagerly).
 
     Its input is what EndOfTurnModel gives onnxruntime, made on the device: each turn's `windows` normalised to
     zero mean and unit variance, as Whisper log-mel features (80 bins) by the engine's own LogMel with the
@@ -72,7 +75,7 @@ class DeviceTurnModel:
         pool = torch.cuda.graph_pool_handle() if cuda else None  # (one batch at a time: the graphs share memory)
         self._steps: dict[int, CapturedStep] = {}
         with self._on_stream():
-            for rows in batch_sizes(MAX_BATCH) if cuda else []:
+            for rows in BATCH_SIZES if cuda else []:
                 example = torch.from_numpy(windows([np.zeros(16_000, np.float32)] * rows)).to(device)
                 self._steps[rows] = CapturedStep(self._probabilities, example, stream=self.stream, pool=pool)
 

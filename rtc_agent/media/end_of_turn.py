@@ -18,7 +18,8 @@ Scoring runs on a small thread pool, never on the event loop: onnxruntime with o
 for the decision of a process's only call (WIDE_THREADS), at a lower CPU priority than the rest (SCORING_NICE).
 The engine can score turns too, the same file on its GPU for every call at once (engine/turn_scoring.py, with
 `windows`): with the server's --end-of-turn-on engine every verdict comes from there, and with its default on a GPU
-(overflow) those a process asks for while one of its own is under way (`EndOfTurnScorer.local`).
+(overflow) those a process asks for while one of its own is under way (`EndOfTurnScorer.local`); the one under
+way is then asked of the engine too, and whichever verdict comes first is taken.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import importlib.util
+import logging
 import os
 import sys
 import threading
@@ -38,6 +40,8 @@ import numpy as np
 
 from . import last_words
 from .vad import CHUNK_MS, CHUNK_SAMPLES
+
+log = logging.getLogger(__name__)
 
 RATE = 16_000
 WINDOW_S = 8  # the model sees the last 8 s of the turn
@@ -143,6 +147,14 @@ class Words:
 EngineScore = Callable[[np.ndarray], Awaitable[tuple[float, float]]]  # Engine.score_turn, RemoteEngine.score_turn
 
 
+@dataclasses.dataclass
+class _LocalAsk:
+    """A decision on this process's threads: its audio, and the verdict its caller awaits."""
+    audio: np.ndarray
+    verdict: asyncio.Future[Decision]
+    hedged: bool = False  # asked of the engine too
+
+
 class EndOfTurnScorer:
     """The process's end-of-turn model, its recogniser of the last words (None: not installed) and the threads
     they run on, shared by every call; and the engine's verdicts, where it scores turns.
@@ -150,7 +162,10 @@ class EndOfTurnScorer:
     Why the overflow to the engine (`local` 1): when many callers stop at once, each process's decisions queue for
     the host's cores (24 turn ends on the H200 machine's 16 cores: verdicts 130-223 ms P50 against 34-48 for a
     lone caller) and the turns end 60-200 ms later than a lone caller's; the engine scores a batch of them on its
-    GPU in a few milliseconds. A lone caller's verdicts stay onnxruntime's, those the thresholds were chosen on."""
+    GPU in a few milliseconds. A lone caller's verdicts stay onnxruntime's, those the thresholds were chosen on.
+    When a decision goes to the engine while one of the process's own is under way, that one is asked of the
+    engine too and the first verdict back is taken: under such a burst the process's own took 85-108 ms, and its
+    turn ended 32-64 ms after the others of the burst (docs/PERFORMANCE.md, thirty-first session)."""
 
     def __init__(self, model: Callable[[np.ndarray, int], float] | None,
                  hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None,
@@ -170,7 +185,7 @@ class EndOfTurnScorer:
                                                            initializer=_lower_priority)
         self._lock = threading.Lock()
         self._running = 0  # decisions running on this process's threads
-        self._asked_here = 0  # decisions asked for on this process's threads and not back yet (the event loop's)
+        self._asked_here: list[_LocalAsk] = []  # decisions asked of this process's threads and still running there
         self.calls = 0  # calls whose turns it scores (SemanticTurn)
 
     def warm_up(self) -> None:
@@ -205,14 +220,51 @@ class EndOfTurnScorer:
 
     async def score(self, audio: np.ndarray) -> Decision:
         """The turn's verdict: on this process's threads, or from the engine (Decision.threads 0)."""
-        if self._engine is not None and self._asked_here >= self.local:
-            p, ms = await self._engine(np.asarray(audio, np.float32)[-RATE * WINDOW_S:])
-            return Decision(p, ms, threads=0)
-        self._asked_here += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, self.score_now, audio)
-        finally:
-            self._asked_here -= 1
+        if self._engine is not None and len(self._asked_here) >= self.local:
+            for ask in self._asked_here:
+                if not ask.hedged and not ask.verdict.done():
+                    self._ask_engine_too(ask)
+            return await self._from_engine(audio)
+        loop = asyncio.get_running_loop()
+        ask = _LocalAsk(audio, loop.create_future())
+        self._asked_here.append(ask)
+        run = loop.run_in_executor(self._pool, self.score_now, audio)
+        run.add_done_callback(functools.partial(self._ran_here, ask))
+        return await ask.verdict
+
+    async def _from_engine(self, audio: np.ndarray) -> Decision:
+        assert self._engine is not None
+        p, ms = await self._engine(np.asarray(audio, np.float32)[-RATE * WINDOW_S:])
+        return Decision(p, ms, threads=0)
+
+    def _ask_engine_too(self, ask: _LocalAsk) -> None:
+        """The engine's verdict on `ask`'s audio answers it if it comes first; if the engine fails, the run here
+        still does."""
+        async def engine_verdict() -> None:
+            try:
+                decision = await self._from_engine(ask.audio)
+            except Exception:  # (the run here answers)
+                log.debug("the engine's verdict on a turn being scored here failed", exc_info=True)
+                return
+            if not ask.verdict.done():
+                ask.verdict.set_result(decision)
+
+        ask.hedged = True
+        task = asyncio.ensure_future(engine_verdict())
+        ask.verdict.add_done_callback(lambda _: task.cancel())  # (answered here first: the engine's is not wanted)
+
+    def _ran_here(self, ask: _LocalAsk, run: asyncio.Future[Decision]) -> None:
+        self._asked_here.remove(ask)
+        if ask.verdict.done():  # (the engine's came first, or the caller stopped waiting)
+            if not run.cancelled():
+                run.exception()  # (retrieved: a failed run nobody waits for is not an error to report)
+            return
+        if run.cancelled():
+            ask.verdict.cancel()
+        elif run.exception() is not None:
+            ask.verdict.set_exception(run.exception())
+        else:
+            ask.verdict.set_result(run.result())
 
     def words_now(self, audio: np.ndarray) -> Words:
         if self._hear is None:
