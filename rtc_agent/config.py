@@ -308,8 +308,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--end-of-turn-on", choices=END_OF_TURN_CHOICES,
                    help="where semantic_vad's end-of-turn model runs: media (onnxruntime on the CPU of each call's "
                         "process), engine (on the engine's GPU, every call's verdicts batched), overflow (media, "
-                        "and a process's decisions asked for while one of its own runs on the engine's GPU); auto "
-                        "(default): overflow on a GPU, else media (README: Turn-taking)")
+                        "and a process's decisions asked for while one of its own runs, and that one too, on the "
+                        "engine's GPU); auto (default): overflow on a GPU, else media (README: Turn-taking)")
     p.add_argument("--last-words", action="store_true", default=None,
                    help="semantic_vad also transcribes each pause's last words and asks a language model whether a "
                         "sentence can end there (pip install 'rtc-agent[last-words]'; off by default: README, "

@@ -1,5 +1,6 @@
 """Smart Turn's verdicts for every call, on the engine's GPU, batched (the server's --end-of-turn-on engine, and
-with the default on a GPU, overflow: the decisions a media process asks for while one of its own is under way).
+with the default on a GPU, overflow: the decisions a media process asks for while one of its own is under way,
+and that one too).
 
 Why: on the CPU each verdict is 60-100 ms of a core. When many callers stop together their verdicts queue for the
 cores beside everything else the calls need (32 turns ending at once on the H200 machine's 16 cores: verdicts
