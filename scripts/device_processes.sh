@@ -23,7 +23,7 @@ r = json.load(open(sys.argv[1]))
 o = r["overall"]
 print(sys.argv[1], {k: o.get(k) for k in ("connected", "answered", "cut_ins", "failures", "heard_ms", "server_ttfp_ms",
                                           "engine_ttfp_ms", "end_of_turn_wait_ms", "verdict_ms", "decisions_on_engine",
-                                          "engine_frame_ms_p90", "frames_late", "gaps",
+                                          "engine_frame_ms_p90", "frames_late", "gaps", "speech_end_spread_ms",
                                           "server_loop_lag_ms_max", "client_loop_lag_ms_max")})
 for name, p in r.get("server_processes", {}).items():
     print("   ", name, p)
