@@ -5,8 +5,9 @@
 # mid-call. Part 2: `--turn-detection server_vad --max-sessions 32`: 8 and 32 at once.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_processes.sh 1|2 [WAV]
 # (SERVE_ARGS="--quantize int4": more serve flags for part 1; CALLERS="1 8 16": its loads, each "N at once", or
-# "N:file.wav" to say another WAV; KILL=0: no SIGKILL run; TRACE=1: the engine worker's trace, with the GPU time
-# of each round and step, in the output as trace.<pid> for scripts/worker_trace.py)
+# "N:file.wav" to say another WAV, "N@R" to start the N callers over R seconds, 3 turns each; KILL=0: no SIGKILL
+# run; TRACE=1: the engine worker's trace, with the GPU time of each round and step, in the output as trace.<pid>
+# for scripts/worker_trace.py)
 set -u
 part=${1:-1}
 wav=${2:-.whl/question.wav}
@@ -51,9 +52,10 @@ if [ "$part" = 1 ]; then
     serve ${SERVE_ARGS:-}
     i=0
     for load in ${CALLERS:-1 8 16 24}; do  # a load may repeat ("24 24 24"): each has its own file
-        n=${load%%:*}; w=$([ "$load" = "$n" ] && echo "$wav" || echo "${load#*:}")  # N or N:other.wav
+        spec=${load%%:*}; w=$([ "$load" = "$spec" ] && echo "$wav" || echo "${load#*:}")  # N or N:other.wav
+        n=${spec%%@*}; ramp=$([ "$spec" = "$n" ] || echo "--ramp-s ${spec#*@} --turns 3")  # N@R: ramped
         i=$((i + 1))
-        loadtest "loadtest-$i-$n" "$w" --callers "$n" $([ "$n" = 1 ] && echo --turns 3)
+        loadtest "loadtest-$i-$n" "$w" --callers "$n" $([ "$n" = 1 ] && echo --turns 3) $ramp
     done
 fi
 if [ "$part" = 1 ] && [ "${KILL:-1}" = 1 ]; then
