@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Generator
 
-from rtc_agent.engine import worker as worker_module
 from rtc_agent.engine.worker import CRITICAL_LEAD_S, JOB_SLICE_S, MIN_LEAD_S, NORMAL, URGENT, Worker
 
 
@@ -189,67 +188,3 @@ def test_a_sessions_next_urgent_job_starts_as_soon_as_its_job_in_the_round_is_do
     finally:
         worker.close()
     assert log == ["round a b", "a done", "a begins", "b done"], log
-
-
-def _request(name: str) -> Generator[str, str, str]:
-    """A session's preparation: one request."""
-    yield name
-    return name
-
-
-def _gathering_worker(log: list[str], monkeypatch, notice_s: float = 30.0, max_s: float = 30.0) -> Worker:
-    """A worker whose pause notices and gathering last `notice_s` and `max_s` (long: what ends a hold in these
-    tests is what the sessions do, not the time)."""
-    monkeypatch.setattr(worker_module, "PAUSE_NOTICE_S", notice_s)
-    monkeypatch.setattr(worker_module, "MAX_GATHER_S", max_s)
-    return _worker(log)
-
-
-def test_a_preparation_waits_for_those_of_callers_who_are_pausing(monkeypatch):
-    """Callers who stop talking together: a's preparation waits while b's caller is noted as pausing, and both go
-    in one round once b's comes. c's answer start, asked meanwhile, is not held and does not take a's with it."""
-    log: list[str] = []
-    worker = _gathering_worker(log, monkeypatch)
-    try:
-        worker.note_pause("b", True)
-        a = worker.submit(lambda: _request("a"), URGENT, key="a", gather=True)
-        c = worker.submit(lambda: _request("c"), URGENT, key="c")
-        assert c.result(5) == "c"
-        time.sleep(0.05)
-        assert not a.done()
-        b = worker.submit(lambda: _request("b"), URGENT, key="b", gather=True)
-        assert (a.result(5), b.result(5)) == ("a", "b")
-    finally:
-        worker.close()
-    assert log == ["round c", "round a b"], log
-
-
-def test_a_preparation_held_for_a_caller_who_speaks_again_goes_on_alone(monkeypatch):
-    log: list[str] = []
-    worker = _gathering_worker(log, monkeypatch)
-    try:
-        worker.note_pause("b", True)
-        a = worker.submit(lambda: _request("a"), URGENT, key="a", gather=True)
-        time.sleep(0.05)
-        assert not a.done()
-        worker.note_pause("b", False)  # b's pause was a gap between words
-        assert a.result(5) == "a"
-    finally:
-        worker.close()
-    assert log == ["round a"], log
-
-
-def test_a_preparation_waits_no_longer_than_the_notice_or_the_gathering_lasts(monkeypatch):
-    """A pause notice that neither a preparation nor speech follows (a dropped call) holds others for
-    PAUSE_NOTICE_S at most, and a run of notices for MAX_GATHER_S in all; a preparation with no one pausing does
-    not wait."""
-    for notice_s, max_s in ((0.05, 30.0), (30.0, 0.05)):
-        log: list[str] = []
-        worker = _gathering_worker(log, monkeypatch, notice_s, max_s)
-        try:
-            assert worker.submit(lambda: _request("a"), URGENT, key="a", gather=True).result(5) == "a"
-            worker.note_pause("b", True)
-            assert worker.submit(lambda: _request("c"), URGENT, key="c", gather=True).result(5) == "c"
-        finally:
-            worker.close()
-        assert log == ["round a", "round c"], log

@@ -164,22 +164,15 @@ class Engine:
             self._answer_prefixes[voice] = text + torch.cat((text.new_zeros(1, 3, text.shape[-1]), codec), dim=1)
         return self._answer_prefixes[voice]
 
-    async def run(self, fn: Callable[..., T], *args, urgent: bool = False, key: Any = None,
-                  gather: bool = False) -> T:
+    async def run(self, fn: Callable[..., T], *args, urgent: bool = False, key: Any = None) -> T:
         """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first. `key`: the session
-        slot it works on (its jobs keep their order; a generator `fn` may be batched with other slots' prefills).
-        `gather`: a turn's preparation, which waits for other callers' who are pausing (`Worker.note_pause`)."""
+        slot it works on (its jobs keep their order; a generator `fn` may be batched with other slots' prefills)."""
         priority = URGENT if urgent else NORMAL
         def call() -> T:
             return fn(*args)
 
         call.__name__ = getattr(fn, "__name__", "?")  # (what the worker trace calls the job)
-        return await asyncio.wrap_future(self._worker.submit(call, priority, key, gather))
-
-    def note_pause(self, key: Any, paused: bool) -> None:
-        """Session slot `key`'s caller fell silent, its preparation one chunk away (or spoke again): see
-        `Worker.note_pause`."""
-        self._worker.note_pause(key, paused)
+        return await asyncio.wrap_future(self._worker.submit(call, priority, key))
 
     def new_session(self, options: SessionOptions = SessionOptions()) -> "Session":
         """A session on a free slot; `EngineFullError` when every slot is taken."""
@@ -324,11 +317,11 @@ class Session:
             return None
         return await self._ready_context()
 
-    async def _run(self, fn: Callable[..., T], *args: Any, urgent: bool = False, gather: bool = False) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
         """Run `fn(*args)` on the worker, in order with this call's other work."""
-        return await self.engine.run(fn, *args, urgent=urgent, key=self._slot.index, gather=gather)
+        return await self.engine.run(fn, *args, urgent=urgent, key=self._slot.index)
 
-    async def _run_turn(self, fn: Callable[..., T], *args: Any, urgent: bool = False, gather: bool = False) -> T:
+    async def _run_turn(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
         """Run a piece of this call's work on the worker (`fn` may be a generator of `CallContext`'s, its prefills
         batched with other calls'). If the GPU runs out of memory in it, the caller's turn is dropped, the caches
         are left consistent, and `EngineOutOfMemory` says so: the call goes on."""
@@ -347,7 +340,7 @@ class Session:
                                         "on: speak again)") from None
 
         job.__name__ = getattr(fn, "__name__", "job")  # (what the worker trace calls the job)
-        return await self._run(job, urgent=urgent, gather=gather)
+        return await self._run(job, urgent=urgent)
 
     async def limit_video(self, window_s: int) -> int | None:
         """Keep at most `window_s` seconds of the caller's video in the context (the memory guard); returns the
@@ -357,16 +350,13 @@ class Session:
         return await self._run(context.limit_video, window_s)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
-                         at: float | None = None, urgent: bool = False, pausing: bool = False) -> None:
+                         at: float | None = None, urgent: bool = False) -> None:
         """Caller audio as it arrives: mono float32 at 16 kHz. Prefills in the background every chunk.
 
         `at` is the time of the first sample on the session's media clock (seconds), the clock `push_image`
         uses; None means right after the previous push. Only calls with video need it. `urgent`: the caller has
         paused and `prepare_answer` comes next, so this audio goes before other calls' ordinary work, as the
-        preparation will (else a preparation waits for its own caller's last audio at the back of the queue).
-        `pausing`: this audio ends in silence and `prepare_answer` comes after the next chunk unless the caller
-        speaks again (a push that is not `pausing` says so); other calls' preparations may wait for it, so that
-        callers who stop together are prepared together."""
+        preparation will (else a preparation waits for its own caller's last audio at the back of the queue)."""
         self._check_open()
         if sample_rate != INPUT_SAMPLE_RATE:
             raise ValueError(f"audio must be {INPUT_SAMPLE_RATE} Hz, got {sample_rate} Hz: resample it first")
@@ -375,9 +365,8 @@ class Session:
         if self._answering:
             self._buffered.append((samples, at))
             return
-        self.engine.note_pause(self._slot.index, pausing)
         context = await self._ready_context()
-        await self._run_turn(context.add_audio, samples, at, urgent=urgent, gather=urgent)
+        await self._run_turn(context.add_audio, samples, at, urgent=urgent)
 
     async def push_text(self, text: str) -> None:
         """Text the caller typed (a chat message): it joins the caller's turn after its audio, or is the whole
@@ -413,7 +402,7 @@ class Session:
         preparation first); video frames can still be pushed. No effect during an answer."""
         self._check_open()
         if (context := await self._made_context()) is not None and not self._answering:
-            await self._run_turn(context.prepare_answer, urgent=True, gather=True)
+            await self._run_turn(context.prepare_answer, urgent=True)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         """One caller video frame: RGB uint8 [H, W, 3] captured at `at` seconds on the media clock. Frames wait

@@ -24,16 +24,6 @@ step runs before each round, never inside one, so that no session's finished req
 another's (only an answer about to run out of speech gets a step between two stages of a round). A session's jobs
 keep their order: a job waits while an earlier one of the same session (its `key`) is in a round.
 
-Callers who stop talking together reach the engine spread over tens of ms (at 24 callers saying one sentence at
-once, their preparations were asked over 21-79 ms). Run as they come, the first one or two make a round of their own
-(a Thinker prefill of one row reads as many weights as one of 24: 16-22 ms of GPU on the H200, against 29) and the
-rest wait behind it. So a session's media side says when its caller falls silent one chunk before the preparation
-is asked (`note_pause`), and a preparation (a job submitted with `gather`) waits while other sessions' callers are
-in such a pause, for each at most PAUSE_NOTICE_S and in all at most MAX_GATHER_S from the first one held: the
-burst's preparations then start together. A held preparation is as if not yet asked: other jobs and steps go on.
-A lone caller's preparation never waits (no other pause), and one that does has room: the turn's end is decided
-a chunk or more after the preparation is asked.
-
 `RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
 work, per round and per step to `path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow
 first packet waited.
@@ -69,10 +59,6 @@ JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to
 # the H200, more than the 80 ms of lead an answer has after its first frame. Two answers that started just before
 # such a round were 18 ms late (a server's first burst of 24, docs/PERFORMANCE.md, twenty-first session).
 CRITICAL_LEAD_S = 0.05
-# A pause notice stands this long: its preparation comes one 32 ms chunk of audio after it, or speech again; the
-# rest is for the two messages' ways through a busy media process.
-PAUSE_NOTICE_S = 0.05
-MAX_GATHER_S = 0.08  # the longest a preparation waits for others (the asks of a burst of 24 came over up to 79 ms)
 
 
 @dataclass(order=True)
@@ -82,7 +68,6 @@ class _Job:
     fn: Callable[[], Any] = field(compare=False)
     future: Future = field(compare=False)
     key: Any = field(compare=False)  # the session it belongs to (None: none)
-    gather: bool = field(compare=False, default=False)  # a turn's preparation: may wait for others (`note_pause`)
 
 
 @dataclass
@@ -163,55 +148,24 @@ class Worker:
         self._mark = time.perf_counter()  # when job time was last counted into the slice
         self._wake = threading.Condition()
         self._held = 0  # open `held()` blocks: jobs wait
-        self._pauses: dict[Any, float] = {}  # session -> when its caller's pause was noted (perf_counter)
-        self._gathering: dict[Any, float] = {}  # session -> when its held preparation was asked
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], Any], priority: int = NORMAL, key: Any = None, gather: bool = False) -> Future:
+    def submit(self, fn: Callable[[], Any], priority: int = NORMAL, key: Any = None) -> Future:
         """Run `fn()` on the worker (under inference mode); the future holds its result (a generator's return
         value, for a generator job). `key`: the session the job belongs to (its jobs run in order: an urgent job
-        makes that session's jobs still queued urgent too, `_expedite`). `gather` (an urgent job of a session): a
-        turn's preparation, which waits for the preparations of other callers noted as pausing (`note_pause`)."""
+        makes that session's jobs still queued urgent too, `_expedite`)."""
         future: Future = Future()
         with self._wake:
             if self._closed:
                 raise RuntimeError("the engine is closed")
             if priority == URGENT and key is not None:
                 self._expedite(key)
-            if gather and key is not None:
-                self._pauses.pop(key, None)
-                self._gathering.setdefault(key, time.perf_counter())
-            heapq.heappush(self._jobs, _Job(priority, next(self._order), fn, future, key, gather))
-            TRACE(e="submit", key=key, p=priority, name=getattr(fn, "__name__", "?"), **({"gather": 1} if gather else {}))
+            heapq.heappush(self._jobs, _Job(priority, next(self._order), fn, future, key))
+            TRACE(e="submit", key=key, p=priority, name=getattr(fn, "__name__", "?"))
             self._wake.notify()
         return future
-
-    def note_pause(self, key: Any, paused: bool) -> None:
-        """Session `key`'s caller fell silent, its turn's preparation due one chunk later (`paused`), or spoke
-        again (not `paused`): other sessions' preparations wait for its own while the notice stands."""
-        with self._wake:
-            if paused:
-                self._pauses.setdefault(key, time.perf_counter())
-            elif self._pauses.pop(key, None) is not None:
-                self._wake.notify()
-
-    def _gather_wait(self) -> float:
-        """(With `_wake` held.) How long the held preparations still wait, in seconds; 0 releases them all."""
-        if not self._gathering:
-            return 0.0
-        now = time.perf_counter()
-        self._pauses = {key: at for key, at in self._pauses.items() if now - at < PAUSE_NOTICE_S}
-        until = min(min(self._gathering.values()) + MAX_GATHER_S,
-                    max(self._pauses.values(), default=now - PAUSE_NOTICE_S) + PAUSE_NOTICE_S)
-        if until <= now:
-            if TRACE.on:
-                TRACE(e="gathered", keys=list(self._gathering),
-                      ms=round((now - min(self._gathering.values())) * 1000, 2))
-            self._gathering.clear()
-            return 0.0
-        return until - now
 
     def _expedite(self, key: Any) -> None:
         """(With `_wake` held.) The jobs of session `key` still queued become urgent, in their order: an urgent job
@@ -255,21 +209,12 @@ class Worker:
             while True:
                 if self._closed:
                     raise _Closed
-                wait = 0.0
                 if self._jobs and not self._held:
-                    wait = self._gather_wait()
-                    job = self._jobs[0] if not wait else next(
-                        (job for job in sorted(self._jobs) if job.priority == URGENT and job.key not in self._gathering),
-                        None)  # (while preparations gather, only urgent work of other sessions: answer starts)
-                    if job is not None and (job.priority == URGENT or not self._step_due()):
-                        if job is self._jobs[0]:
-                            return heapq.heappop(self._jobs)
-                        self._jobs.remove(job)
-                        heapq.heapify(self._jobs)
-                        return job
+                    if self._jobs[0].priority == URGENT or not self._step_due():
+                        return heapq.heappop(self._jobs)
                 if self._answers:
                     return None
-                self._wake.wait(wait or None)
+                self._wake.wait()
 
     @property
     def thread_id(self) -> int | None:
@@ -373,14 +318,11 @@ class Worker:
     def _join(self, waiting: dict[Any, _Waiting], priority: int, busy: set = frozenset()) -> None:
         """Start the queued jobs of sessions with no job in the round (each session's first only; `busy`: more
         sessions to leave out, those of a stage not yet resumed), in order; in a round of urgent jobs (answer
-        starts), only urgent ones: a caller's answer never waits for others' audio. None while `held()`, and none
-        of the sessions whose preparations gather."""
+        starts), only urgent ones: a caller's answer never waits for others' audio. None while `held()`."""
         with self._wake:
             if self._held:
                 return
             taken, seen = [], set(waiting) | busy
-            if self._gather_wait():
-                seen |= set(self._gathering)
             for job in sorted(self._jobs):
                 if job.key is None or job.key in seen:
                     continue
