@@ -75,13 +75,10 @@ class State(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Audio:
-    """Caller audio: whole 32 ms chunks, and the media-clock time of their first sample. `pausing`: the caller
-    fell silent in them, and the answer's preparation comes after one more silent chunk (the engine may hold
-    other calls' preparations for it)."""
+    """Caller audio: whole 32 ms chunks, and the media-clock time of their first sample."""
 
     at_ms: int
     samples: np.ndarray
-    pausing: bool = False
 
     @property
     def end_ms(self) -> int:
@@ -219,7 +216,7 @@ class Conversation:
             chunks = [*self._unpushed, chunk]  # (the pre-roll when push-to-talk speech resumes)
             self._unpushed.clear()
             if self._paused is None:
-                self._push(chunks, pausing=self._turn_confirmed and self._silent_chunks() >= self._prepare_chunks() - 1)
+                self._push(chunks)
             elif self._detector.active and not self._detector.silence_run_ms:  # speech again: the turn goes on
                 self._push(self._paused, end_of_turn_model=False)
                 self._push(chunks)
@@ -227,7 +224,7 @@ class Conversation:
             else:  # the pause goes on: its silence stays out of the prepared answer's turn
                 self._paused += chunks
                 self._semantic_add(chunks)
-            if self._turn_confirmed and self._silent_chunks() == self._prepare_chunks():
+            if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
                 # the turn may be ending: the engine makes the answer ready (the call's audio still queued there
                 # becomes as urgent, so that the preparation does not wait for it behind other calls' work)
                 self._ops.put_nowait(PrepareAnswer(time.monotonic()))
@@ -243,13 +240,6 @@ class Conversation:
             self._speech_over(self._detector.end_silence_ms)
         elif self._semantic is not None and self._turn_confirmed and self._detector.active:
             self._semantic.silence(self._detector.silence_run_ms)
-
-    def _silent_chunks(self) -> int:
-        return self._detector.silence_run_ms // CHUNK_MS
-
-    def _prepare_chunks(self) -> int:
-        """The silent chunks after which the answer is prepared."""
-        return self._prepare_after_ms // CHUNK_MS
 
     def _speech_over(self, wait_ms: int) -> None:
         """The caller's speech ended `wait_ms` ago (the hang-over, or when the end-of-turn model said so)."""
@@ -294,11 +284,11 @@ class Conversation:
         self._turn_confirmed = True
         self._emit("input_audio_buffer.speech_started", audio_start_ms=self._speech_start_ms)
 
-    def _push(self, chunks: list[Audio], end_of_turn_model: bool = True, pausing: bool = False) -> None:
+    def _push(self, chunks: list[Audio], end_of_turn_model: bool = True) -> None:
         """Chunks received one after the other (a run never has a gap) go to the engine at their own time (and to
         the end-of-turn model, which has not had them yet)."""
         if chunks:
-            self._ops.put_nowait(Audio(chunks[0].at_ms, np.concatenate([c.samples for c in chunks]), pausing))
+            self._ops.put_nowait(Audio(chunks[0].at_ms, np.concatenate([c.samples for c in chunks])))
             if end_of_turn_model:
                 self._semantic_add(chunks)
 
@@ -627,7 +617,7 @@ class Conversation:
                                 following = None
                         # (the caller paused and the answer's preparation is next: its audio is as urgent as it)
                         await self._push_audio(np.concatenate([a.samples for a in run]), run[0].at_ms / 1000,
-                                               urgent=isinstance(following, PrepareAnswer), pausing=run[-1].pausing)
+                                               urgent=isinstance(following, PrepareAnswer))
                     case PushImage(image, at):
                         await self._push_image(image, at)
                     case PushText(text):
@@ -652,7 +642,7 @@ class Conversation:
         log.exception("engine call %s failed", name, exc_info=exc)
         self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
 
-    async def _push_audio(self, samples: np.ndarray, at: float, urgent: bool, pausing: bool) -> None:
+    async def _push_audio(self, samples: np.ndarray, at: float, urgent: bool) -> None:
         """Send caller audio to the engine without waiting for it to be taken in (`_call_on`): a preparation queued
         behind it goes out at once instead of after its reply. At most MAX_PUSHES_IN_FLIGHT at a time; beyond
         that this waits for the oldest, and the audio that comes meanwhile goes in one push."""
@@ -663,7 +653,7 @@ class Conversation:
         def pushed() -> None:
             self._pushed_times = (started, time.monotonic())
 
-        task = await self._call_on(self.session.push_audio(samples, at=at, urgent=urgent, pausing=pausing), "push_audio", pushed)
+        task = await self._call_on(self.session.push_audio(samples, at=at, urgent=urgent), "push_audio", pushed)
         self._pushes.append(task)
         task.add_done_callback(self._pushes.remove)
 

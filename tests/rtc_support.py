@@ -100,7 +100,6 @@ class RecordingSession:
         self.session = session
         self.pushed: list[tuple[str, float | None, tuple[int, ...]]] = []  # (kind, at, shape)
         self.urgent_audio: list[float | None] = []  # the `at` of the audio pushes made urgent
-        self.pausing: list[tuple[float | None, bool]] = []  # each audio push's (at, pausing)
         self.calls: list[str] = []  # "push", "prepare", "respond" as called; "pushed", "prepared" as they return
 
     def __getattr__(self, name: str) -> Any:
@@ -111,13 +110,12 @@ class RecordingSession:
         return [(at, shape) for kind, at, shape in self.pushed if kind == "image"]
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = 16000, at: float | None = None,
-                         urgent: bool = False, pausing: bool = False) -> None:
+                         urgent: bool = False) -> None:
         self.pushed.append(("audio", at, samples.shape))
-        self.pausing.append((at, pausing))
         if urgent:
             self.urgent_audio.append(at)
         self.calls.append("push")
-        await self.session.push_audio(samples, sample_rate, at=at, urgent=urgent, pausing=pausing)
+        await self.session.push_audio(samples, sample_rate, at=at, urgent=urgent)
         self.calls.append("pushed")
 
     async def push_image(self, image: np.ndarray, at: float) -> None:

@@ -193,30 +193,6 @@ def test_push_to_talk_waits_for_commit_and_short_sounds_do_not_barge_in() -> Non
     run(main())
 
 
-def test_the_audio_one_chunk_before_a_preparation_says_the_caller_is_pausing() -> None:
-    """The engine may hold other calls' preparations for this one's (callers who stop together are prepared
-    together), so the push of a pause's chunk before the preparation says the caller is pausing, and so does the
-    preparation's own; every other push, speech again after such a chunk included, says not."""
-    async def main() -> None:
-        conv, script, events, player = await started()
-        try:
-            await feed(conv, script, 0.9, 10)  # chunks 0-9
-            await feed(conv, script, 0.1, 4)  # 10-13: the 4th silent chunk, one before the preparation
-            await feed(conv, script, 0.9, 3)  # 14-16: a gap between words
-            await feed(conv, script, 0.1, 12)  # 17-28: prepared at 21
-            assert (await until(events, "response.done"))["response"]["status"] == "completed"
-            audio = [shape for kind, _, shape in conv.session.pushed if kind == "audio"]
-            ends = [(round(at * 1000) + length // 16, pausing) for (at, pausing), (length,) in
-                    zip(conv.session.pausing, audio)]  # (where each push ends on the media clock in ms, pausing)
-            assert all(pausing == (end in (14 * CHUNK_MS, 21 * CHUNK_MS, 22 * CHUNK_MS)) for end, pausing in ends), ends
-            assert ends[-1] == (22 * CHUNK_MS, True)  # the urgent push before the preparation
-        finally:
-            player.cancel()
-            await conv.close()
-
-    run(main())
-
-
 def audio_runs(pushed: list[tuple[str, float | None, tuple[int, ...]]]) -> list[tuple[float, float]]:
     """The audio pushes as (start, end) on the media clock, back-to-back pushes joined."""
     runs: list[tuple[float, float]] = []

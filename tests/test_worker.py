@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Generator
 
-from rtc_agent.engine import worker as worker_module
 from rtc_agent.engine.worker import CRITICAL_LEAD_S, JOB_SLICE_S, MIN_LEAD_S, NORMAL, URGENT, Worker
 
 
@@ -28,7 +27,7 @@ class Behind:
         return self.lead
 
 
-def _worker(log: list[str], stage_of=lambda request: 0, gather_stage: int | None = None) -> Worker:
+def _worker(log: list[str], stage_of=lambda request: 0) -> Worker:
     def step(answers: list) -> None:
         log.append("step")
 
@@ -36,7 +35,7 @@ def _worker(log: list[str], stage_of=lambda request: 0, gather_stage: int | None
         log.append("round " + " ".join(requests))
         return requests
 
-    return Worker("test-worker", step, run_requests, stage_of=stage_of, gather_stage=gather_stage)
+    return Worker("test-worker", step, run_requests, stage_of=stage_of)
 
 
 def _queued_behind_an_answer(worker: Worker, submit, lead: float = 0.0) -> list:
@@ -189,57 +188,3 @@ def test_a_sessions_next_urgent_job_starts_as_soon_as_its_job_in_the_round_is_do
     finally:
         worker.close()
     assert log == ["round a b", "a done", "a begins", "b done"], log
-
-
-def _gathering(monkeypatch, notice_s: float = 30.0, max_s: float = 30.0) -> tuple[list[str], Worker]:
-    """A worker whose stage 1 (the Thinker prefill) waits for pausing callers' turn ends; pause notices and the
-    wait last `notice_s` and `max_s` (long: what ends a wait in these tests is what the sessions do)."""
-    monkeypatch.setattr(worker_module, "PAUSE_NOTICE_S", notice_s)
-    monkeypatch.setattr(worker_module, "MAX_GATHER_S", max_s)
-    log: list[str] = []
-    return log, _worker(log, stage_of=lambda request: int(request[-1]), gather_stage=1)
-
-
-def test_a_turn_ends_prefill_waits_for_the_turn_ends_of_callers_who_are_pausing(monkeypatch):
-    """Callers who stop talking together: a's round runs its audio (stage 0) but not its Thinker prefill (stage 1)
-    while b's caller is noted as pausing; b's turn end, when it comes, runs its audio and both go on together."""
-    log, worker = _gathering(monkeypatch)
-    try:
-        worker.note_pause("b", True)
-        a = worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a")
-        time.sleep(0.1)
-        assert not a.done() and log == ["round a0"], log
-        b = worker.submit(lambda: _staged("b", [0, 1, 2]), URGENT, key="b")
-        assert (a.result(5), b.result(5)) == ("a", "b")
-    finally:
-        worker.close()
-    assert log == ["round a0", "round b0", "round a1 b1", "round a2 b2"], log
-
-
-def test_a_turn_end_held_for_a_caller_who_speaks_again_goes_on_alone(monkeypatch):
-    log, worker = _gathering(monkeypatch)
-    try:
-        worker.note_pause("b", True)
-        a = worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a")
-        time.sleep(0.1)
-        assert not a.done()
-        worker.note_pause("b", False)  # b's pause was a gap between words
-        assert a.result(5) == "a"
-    finally:
-        worker.close()
-    assert log == ["round a0", "round a1", "round a2"], log
-
-
-def test_a_turn_end_waits_no_longer_than_a_notice_or_the_gathering_lasts(monkeypatch):
-    """A pause notice that neither a turn end nor speech follows (a dropped call) holds a round for
-    PAUSE_NOTICE_S at most, and a run of notices for MAX_GATHER_S in all; with no one pausing, or in a round of
-    ordinary work (audio while callers talk), nothing waits."""
-    for notice_s, max_s, priority in ((0.05, 30.0, URGENT), (30.0, 0.05, URGENT), (30.0, 30.0, NORMAL)):
-        log, worker = _gathering(monkeypatch, notice_s, max_s)
-        try:
-            assert worker.submit(lambda: _staged("a", [0, 1]), URGENT, key="a").result(5) == "a"
-            worker.note_pause("b", True)
-            assert worker.submit(lambda: _staged("c", [0, 1]), priority, key="c").result(5) == "c"
-        finally:
-            worker.close()
-        assert log == ["round a0", "round a1", "round c0", "round c1"], log

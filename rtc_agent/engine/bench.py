@@ -293,11 +293,9 @@ async def _caller(session, args: argparse.Namespace, width: int, height: int, in
 
 async def _hang_over(session, silence_ms: int, at: float) -> None:
     """The silence a call server hears before it ends the turn, as it goes: pushed up to the pause at which the
-    server has the answer prepared, then waited for in real time (the server holds that silence back); the
-    pieces of its last 32 ms say that the preparation is coming, as a call server's do."""
+    server has the answer prepared, then waited for in real time (the server holds that silence back)."""
     for piece in range(0, min(silence_ms, PREPARE_AFTER_SILENCE_MS), 20):
-        await session.push_audio(np.zeros(320, dtype=np.float32), at=at + piece / 1000,
-                                 pausing=piece + 32 >= PREPARE_AFTER_SILENCE_MS)
+        await session.push_audio(np.zeros(320, dtype=np.float32), at=at + piece / 1000)
     if silence_ms > PREPARE_AFTER_SILENCE_MS:
         prepared = asyncio.ensure_future(session.prepare_answer())
         await asyncio.sleep((silence_ms - PREPARE_AFTER_SILENCE_MS) / 1000)

@@ -84,8 +84,7 @@ class Engine:
         # thread per core, a second of log-mel, then made on the CPU, took 12.9 ms P90 instead of 0.75 ms while 12
         # other busy processes shared the cores, H200 machine)
         self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.run_requests,
-                              lambda request: REQUEST_STAGES.index(type(request)), threads=options.cpu_threads,
-                              gather_stage=REQUEST_STAGES.index(PrefillRequest))
+                              lambda request: REQUEST_STAGES.index(type(request)), threads=options.cpu_threads)
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions()) -> "Engine":
@@ -174,11 +173,6 @@ class Engine:
 
         call.__name__ = getattr(fn, "__name__", "?")  # (what the worker trace calls the job)
         return await asyncio.wrap_future(self._worker.submit(call, priority, key))
-
-    def note_pause(self, key: Any, paused: bool) -> None:
-        """Session slot `key`'s caller fell silent, its preparation one chunk away (or spoke again): see
-        `Worker.note_pause`."""
-        self._worker.note_pause(key, paused)
 
     def new_session(self, options: SessionOptions = SessionOptions()) -> "Session":
         """A session on a free slot; `EngineFullError` when every slot is taken."""
@@ -356,16 +350,13 @@ class Session:
         return await self._run(context.limit_video, window_s)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
-                         at: float | None = None, urgent: bool = False, pausing: bool = False) -> None:
+                         at: float | None = None, urgent: bool = False) -> None:
         """Caller audio as it arrives: mono float32 at 16 kHz. Prefills in the background every chunk.
 
         `at` is the time of the first sample on the session's media clock (seconds), the clock `push_image`
         uses; None means right after the previous push. Only calls with video need it. `urgent`: the caller has
         paused and `prepare_answer` comes next, so this audio goes before other calls' ordinary work, as the
-        preparation will (else a preparation waits for its own caller's last audio at the back of the queue).
-        `pausing`: this audio ends in silence and `prepare_answer` comes after the next chunk unless the caller
-        speaks again (a push that is not `pausing` says so): other calls' preparations may wait for this one's
-        before their Thinker prefill, so that callers who stop together are prefilled together."""
+        preparation will (else a preparation waits for its own caller's last audio at the back of the queue)."""
         self._check_open()
         if sample_rate != INPUT_SAMPLE_RATE:
             raise ValueError(f"audio must be {INPUT_SAMPLE_RATE} Hz, got {sample_rate} Hz: resample it first")
@@ -374,7 +365,6 @@ class Session:
         if self._answering:
             self._buffered.append((samples, at))
             return
-        self.engine.note_pause(self._slot.index, pausing)
         context = await self._ready_context()
         await self._run_turn(context.add_audio, samples, at, urgent=urgent)
 

@@ -216,8 +216,8 @@ class RemoteSession:
         return await self.engine.request(method, self.number, *args, **kwargs)
 
     async def push_audio(self, samples: np.ndarray, sample_rate: int = INPUT_SAMPLE_RATE,
-                         at: float | None = None, urgent: bool = False, pausing: bool = False) -> None:
-        await self._request("push_audio", samples, sample_rate, at, urgent, pausing)
+                         at: float | None = None, urgent: bool = False) -> None:
+        await self._request("push_audio", samples, sample_rate, at, urgent)
 
     async def push_image(self, image: np.ndarray, at: float) -> None:
         await self._request("push_image", image, at)

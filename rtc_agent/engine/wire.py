@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-VERSION = 7
+VERSION = 6
 MAX_RECORD_BYTES = 64 << 20
 _LENGTH = struct.Struct("!I")
 

@@ -24,14 +24,6 @@ step runs before each round, never inside one, so that no session's finished req
 another's (only an answer about to run out of speech gets a step between two stages of a round). A session's jobs
 keep their order: a job waits while an earlier one of the same session (its `key`) is in a round.
 
-Callers who stop talking together reach the engine spread over tens of ms (24 saying one sentence at once: their
-preparations were asked over 21-79 ms). A Thinker prefill of one row reads as many weights as one of 24 (16-22 ms
-of GPU on the H200, against 29), so a round of turn ends does not run its Thinker prefill (`gather_stage`) while
-sessions outside it have a caller in a pause whose preparation is due (`note_pause`: said one 32 ms chunk before the
-preparation is asked): it takes each of them in as it comes and runs their audio, and prefills all of them
-together when none is due (a notice stands at most PAUSE_NOTICE_S; the round waits at most MAX_GATHER_S). A lone
-caller's round never waits (no other pause).
-
 `RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
 work, per round and per step to `path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow
 first packet waited.
@@ -67,10 +59,6 @@ JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to
 # the H200, more than the 80 ms of lead an answer has after its first frame. Two answers that started just before
 # such a round were 18 ms late (a server's first burst of 24, docs/PERFORMANCE.md, twenty-first session).
 CRITICAL_LEAD_S = 0.05
-# A pause notice stands this long: its preparation comes one 32 ms chunk of audio after it, or speech again; the
-# rest is for the two messages' ways through a busy media process.
-PAUSE_NOTICE_S = 0.05
-MAX_GATHER_S = 0.08  # the longest a round's Thinker prefill waits for other sessions' turn ends
 
 
 @dataclass(order=True)
@@ -145,17 +133,14 @@ TRACE = _Trace()
 class Worker:
     def __init__(self, name: str, step: Callable[[list[Answer]], None],
                  run_requests: Callable[[list[Any]], list[Any]], stage_of: Callable[[Any], int] = lambda _: 0,
-                 threads: int = 1, gather_stage: int | None = None) -> None:
+                 threads: int = 1) -> None:
         """`run_requests`: runs the generator jobs' requests of one stage of a round, results in order;
         `stage_of(request)`: its stage (a round runs its stages in increasing order). `threads`: torch's intra-op
-        threads for this thread's own CPU work. `gather_stage`: the stage a round of urgent jobs runs only once
-        the turn ends of callers noted as pausing have joined it."""
+        threads for this thread's own CPU work."""
         self._step = step
         self._threads = threads
         self._run_requests = run_requests
         self._stage_of = stage_of
-        self._gather_stage = gather_stage
-        self._pauses: dict[Any, float] = {}  # session -> when its caller's pause was noted (perf_counter)
         self._jobs: list[_Job] = []
         self._order = itertools.count()
         self._answers: list[Answer] = []  # touched on the worker thread only
@@ -177,20 +162,10 @@ class Worker:
                 raise RuntimeError("the engine is closed")
             if priority == URGENT and key is not None:
                 self._expedite(key)
-                self._pauses.pop(key, None)  # (its turn end is here)
             heapq.heappush(self._jobs, _Job(priority, next(self._order), fn, future, key))
             TRACE(e="submit", key=key, p=priority, name=getattr(fn, "__name__", "?"))
             self._wake.notify()
         return future
-
-    def note_pause(self, key: Any, paused: bool) -> None:
-        """Session `key`'s caller fell silent, its turn's preparation due one chunk later (`paused`), or spoke
-        again (not `paused`); an urgent job of the session ends the notice too."""
-        with self._wake:
-            if paused:
-                self._pauses.setdefault(key, time.perf_counter())
-            elif self._pauses.pop(key, None) is not None:
-                self._wake.notify()
 
     def _expedite(self, key: Any) -> None:
         """(With `_wake` held.) The jobs of session `key` still queued become urgent, in their order: an urgent job
@@ -270,7 +245,7 @@ class Worker:
                 while waiting:  # rounds, until every generator job taken in is done; a due step before each
                     self._join(waiting, job.priority)
                     self._step_if_due()
-                    self._round(waiting, job.priority)
+                    self._round(waiting)
                 self._charge()
 
     def _charge(self) -> None:
@@ -360,7 +335,7 @@ class Worker:
         for job in taken:
             self._start(job, waiting)
 
-    def _round(self, waiting: dict[Any, _Waiting], priority: int) -> None:
+    def _round(self, waiting: dict[Any, _Waiting]) -> None:
         """One round of every waiting request, stage by stage; each job goes on to its next request or its end.
         A job whose next request belongs to a later stage goes on within the round: a turn end's audio, Thinker
         prefill and Talker prefill take one round, with no step of the answers between them (with 24 answers
@@ -370,11 +345,8 @@ class Worker:
         Jobs that join during a round (urgent ones, between two sessions' resumptions) catch up: their first
         request runs even where its stage is earlier than the round's, and from the round's stage on they go with
         it. In a burst of 24 turn ends whose audio came over 20 ms, the round started by the first 2 held the other
-        22 for its whole length (65 ms on the H200) before their own round could start.
-
-        An urgent round's `gather_stage` waits for the turn ends of callers who are pausing (`_gather`)."""
+        22 for its whole length (65 ms on the H200) before their own round could start."""
         done, ran = -1, set()  # the last stage run; the jobs that have run a stage in this round (their `order`)
-        gather_from = None  # when the round first came to its gather stage
         while True:
             stages = {key: self._stage_of(entry.request) for key, entry in waiting.items()}
             ready = {key: stage for key, stage in stages.items()
@@ -383,39 +355,10 @@ class Worker:
                 return
             if done >= 0 and self._running_short():  # (one step at most between two stages: the round goes on)
                 self._step_answers()
-            if min(ready.values()) == self._gather_stage and priority == URGENT:
-                gather_from = time.perf_counter() if gather_from is None else gather_from
-                if self._gather(waiting, gather_from):
-                    continue  # (those who joined run their earlier stages first)
             done = min(ready.values())
             entries = [waiting.pop(key) for key, stage in ready.items() if stage == done]
             ran.update(entry.job.order for entry in entries)
             self._run_stage(entries, waiting)
-
-    def _gather(self, waiting: dict[Any, _Waiting], since: float) -> bool:
-        """Before an urgent round's gather stage: while sessions outside the round have a caller in a pause whose
-        turn end is due, wait for them (until MAX_GATHER_S after `since`), with steps of the answers when due. True
-        once a session joined the round (its first stages run, then the round comes back here), False when the
-        round goes on."""
-        while True:
-            with self._wake:
-                now = time.perf_counter()
-                self._pauses = {key: at for key, at in self._pauses.items() if now - at < PAUSE_NOTICE_S}
-                due = [at for key, at in self._pauses.items() if key not in waiting]
-                wait = min(since + MAX_GATHER_S, max(due) + PAUSE_NOTICE_S) - now if due else 0.0
-                queued = not self._held and any(job.priority == URGENT and job.key is not None
-                                                 and job.key not in waiting for job in self._jobs)
-                if not queued:
-                    if wait <= 0:
-                        if TRACE.on:
-                            TRACE(e="gathered", ms=round((now - since) * 1000, 2), rows=len(waiting))
-                        return False
-                    self._wake.wait(min(wait, JOB_SLICE_S))
-            joined = len(waiting)
-            self._join(waiting, URGENT)
-            if len(waiting) > joined:
-                return True
-            self._step_if_due()
 
     def _run_stage(self, entries: list[_Waiting], waiting: dict[Any, _Waiting]) -> None:
         """Run `entries`' requests (one stage of a round) and resume their jobs; they wait again in `waiting`."""
