@@ -221,10 +221,11 @@ async def audio_offer() -> str:
     return sdp
 
 
-async def wait_ready(url: str, timeout_s: float = 60.0) -> None:
+async def wait_ready(url: str, timeout_s: float = 60.0, verify_tls: bool = True) -> None:
+    """Until the server says it is ready: the engine there, and each media process warmed up (`warm_up_media`)."""
     async with aiohttp.ClientSession() as http:
         for _ in range(int(timeout_s * 10)):
-            async with http.get(f"{url}/readyz") as r:
+            async with http.get(f"{url}/readyz", ssl=verify_tls) as r:
                 if r.status == 200:
                     return
             await asyncio.sleep(0.1)

@@ -134,6 +134,7 @@ def test_half_open_tls_handshakes_do_not_keep_a_call_out(tmp_path, monkeypatch) 
     async def main() -> None:
         context = tls.server_context(settings(self_signed=True))
         async with server(ssl_context=context) as (url, app):
+            await wait_ready(url, verify_tls=False)  # (its warm-up is not what the slow handshakes should delay)
             port = int(url.rsplit(":", 1)[1])
             hello_start = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"  # a ClientHello that never ends
             async with open_connections("127.0.0.1", port, hello_start, SLOW_CONNECTIONS):
