@@ -148,12 +148,13 @@ def test_callers_spread_over_two_client_processes_are_reported_as_one_run(wav: s
 def test_an_answer_longer_than_max_wait_is_waited_for_while_it_streams(wav: str) -> None:
     async def main_() -> None:
         async with server(max_sessions=1, max_answer_s=5.0) as (url, _):
-            code, out, err = await loadtest(url, "--wav", wav, "--max-wait-s", "2", "--json")
+            code, out, err = await loadtest(url, "--wav", wav, "--max-wait-s", "2", "--turns", "3", "--json")
         assert code == 0, err
         (caller,) = json.loads(out)["callers"]
-        (turn,) = caller["turns"]
-        assert caller["failure"] is None and turn["status"] == "completed"
-        assert turn["server"]["audio_s"] >= 4  # it ended well after the 2 s wait, streaming all along
+        assert caller["failure"] is None and [t["status"] for t in caller["turns"]] == ["completed"] * 3
+        # one that ended well after the 2 s wait, streaming all along (of three: the tiny model's answer ends
+        # where its sampled speech codes do, and the end code now and then comes within a few frames)
+        assert max(t["server"]["audio_s"] for t in caller["turns"]) >= 4
 
     run(main_())
 
