@@ -15,8 +15,8 @@ encoders and Code2Wav stay in the model dtype: together about 2.2 B parameters; 
 directly (their errors are not averaged out), and the Talker's small dense parts run in every 80 ms frame, where
 int4 kernels measured slower than the library's bf16 ones for 0.14 GB saved (docs/PERFORMANCE.md).
 
-Kernels (Triton): `grouped_kernel`, a matmul over rows grouped by expert (`tl.dot` on tiles dequantized in
-registers) for prefill (experts, and linear layers over many rows); `rows_kernel`, dot products of a few rows
+Kernels (Triton): grouped.py's matmul over rows grouped by expert (`tl.dot` on tiles dequantized in registers)
+for prefill (experts, and linear layers over many rows); `rows_kernel`, dot products of a few rows
 (a decode step, one row per session) with many small blocks of weight rows, so that a step's few rows still spread
 over the whole GPU; moe.py's single-token MoE kernels read the same packed format for decode (`rows_dot`).
 Without CUDA and Triton (the CPU), the math is done by dequantizing first, which is also the reference the tests
@@ -25,18 +25,17 @@ hold the kernels to under Triton's interpreter.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .triton_support import rounded, tl, triton
+from . import grouped
+from .triton_support import tl, triton
 
 log = logging.getLogger(__name__)
 
 GROUP = 128
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
 QUANTIZE_CHUNK = 8  # experts quantized at once
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -95,7 +94,7 @@ class Int4Weight(nn.Module):
 
 
 def _kernels_on(x: torch.Tensor) -> bool:
-    return x.is_cuda and _KERNEL is not None
+    return x.is_cuda and _ROWS_KERNEL is not None
 
 
 class Int4Linear(nn.Module):
@@ -113,7 +112,7 @@ class Int4Linear(nn.Module):
         if _kernels_on(x) and rows.shape[0] <= DECODE_ROWS:
             out = rows_matmul(rows, self.weight_int4)
         elif _kernels_on(x):
-            out = matmul(rows, self.weight_int4)
+            out = grouped.matmul(rows, self.weight_int4)
         else:
             out = F.linear(rows, self.weight_int4.dequantized())
         return out.view(*x.shape[:-1], self.out_features)
@@ -148,20 +147,9 @@ class Int4Experts(nn.Module):
         return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
     def _grouped(self, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Pairs (token, chosen expert) sorted by expert; each expert's rows in tiles; no host synchronisation, so
-        it is captured in CUDA graphs."""
-        tokens, top_k = index.shape
-        ids = index.reshape(-1)
-        order = torch.argsort(ids, stable=True).to(torch.int32)
-        counts = torch.zeros(self.num_experts + 1, dtype=torch.int32, device=x.device)
-        counts.scatter_add_(0, ids.long() + 1, torch.ones_like(ids, dtype=torch.int32))
-        starts = counts.cumsum(0, dtype=torch.int32)
-        # an expert is chosen at most once per token: it has at most `tokens` rows
-        h = matmul(x, self.gate_up, rows=(order // top_k, order, starts), gated=self.intermediate_dim,
-                   rows_per_expert=tokens)
-        y = matmul(h, self.down, rows=(order, order, starts), rows_per_expert=tokens)
-        y = y.view(tokens, top_k, -1) * weights.unsqueeze(-1)
-        return y.float().sum(dim=1).to(x.dtype)  # as the library: each term in the model dtype, summed
+        """grouped.py's experts: pairs sorted by expert, each expert's in tiles; no host synchronisation, so it is
+        captured in CUDA graphs."""
+        return grouped.experts(x, index, weights, self.gate_up, self.down)
 
 
 DECODE_ROWS = 16  # up to this many rows, linear layers take `rows_kernel`
@@ -177,37 +165,6 @@ def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
     block_n, block_b, warps = ROWS_TILE
     _ROWS_KERNEL[(count, -(-n // block_n))](x, weight.packed, weight.scale, weight.offset, out, n, K=k, G=weight.group,
                                             BLOCK_N=block_n, BLOCK_B=block_b, num_warps=warps)
-    return out
-
-
-Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # source row, destination row (sorted by expert), starts [E+1]
-
-
-def matmul(x: torch.Tensor, weight: Int4Weight, rows: Rows | None = None, gated: int = 0,
-           rows_per_expert: int | None = None) -> torch.Tensor:
-    """out[dst] = x[src] @ W[e]^T for each expert e's rows (`rows`, at most `rows_per_expert` each), or x @ W^T for
-    a single weight. With `gated` (= I, the weight being [E, 2I, H] of gate and up): out = silu(gate) * up."""
-    k = x.shape[-1]
-    n = weight.shape[-2] // 2 if gated else weight.shape[-2]
-    x = x.contiguous()
-    if rows is None:
-        count = x.shape[0]
-        src = dst = starts = x  # placeholders, never read
-        experts = 1
-    else:
-        src, dst, starts = rows
-        count = src.shape[0]
-        experts = starts.shape[0] - 1
-    out = torch.empty(count, n, dtype=x.dtype, device=x.device)
-    most = min(count, rows_per_expert or count)
-    block_m = 16 if most <= 64 else 64
-    block_n = 64
-    m_blocks = -(-most // block_m)  # programs past an expert's rows return at once
-    _KERNEL[(experts * m_blocks, -(-n // block_n))](
-        x, src, dst, starts, weight.packed, weight.scale, weight.offset, out, count, n,
-        weight.packed.stride(0) if rows is not None else 0, weight.scale.stride(0) if rows is not None else 0,
-        m_blocks, K=k, G=weight.group, GATHER=rows is not None, GATED=bool(gated), BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_FP32=x.dtype == torch.float32 or INTERPRETED, num_warps=4)
     return out
 
 
@@ -254,7 +211,7 @@ def quantize_module(parent: nn.Module, name: str, module: nn.Module) -> int:
     return before - sum(b.numel() * b.element_size() for b in replacement.buffers())
 
 
-_KERNEL = _ROWS_KERNEL = rows_dot = None  # the kernels, where Triton is installed
+_ROWS_KERNEL = rows_dot = None  # the kernels, where Triton is installed
 if triton is not None:
 
     @triton.jit
@@ -284,67 +241,6 @@ if triton is not None:
         return tl.sum(tl.sum(acc, axis=2), axis=1)
 
     @triton.jit
-    def _tile(x_ptr, src, m_ok, q_ptr, s_ptr, o_ptr, n, n_ok, K: tl.constexpr, G: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
-        """[BLOCK_M, BLOCK_N] = x[src] @ W[n]^T in fp32, W's tiles dequantized in registers to x's dtype (their
-        products with x are exact in fp32, so DOT_FP32, for Triton's interpreter whose bf16 cast is broken, gives
-        the same sums)."""
-        HALF: tl.constexpr = G // 2
-        half = tl.arange(0, HALF)
-        dtype = x_ptr.dtype.element_ty
-        x_rows = x_ptr + src[:, None].to(tl.int64) * K
-        q_rows = q_ptr + n[:, None].to(tl.int64) * (K // 2)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for g in range(0, K // G):
-            a_low = tl.load(x_rows + g * G + half[None, :], mask=m_ok[:, None], other=0.0)
-            a_high = tl.load(x_rows + g * G + HALF + half[None, :], mask=m_ok[:, None], other=0.0)
-            q = tl.load(q_rows + g * HALF + half[None, :], mask=n_ok[:, None], other=0)
-            scale = tl.load(s_ptr + n * (K // G) + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            offset = tl.load(o_ptr + n * (K // G) + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            w_low = rounded((q & 15).to(tl.float32) * scale + offset, dtype)
-            w_high = rounded((q >> 4).to(tl.float32) * scale + offset, dtype)
-            if DOT_FP32:
-                acc += tl.dot(a_low.to(tl.float32), tl.trans(w_low), input_precision="ieee") \
-                    + tl.dot(a_high.to(tl.float32), tl.trans(w_high), input_precision="ieee")
-            else:
-                acc += tl.dot(a_low, tl.trans(w_low.to(dtype))) + tl.dot(a_high, tl.trans(w_high.to(dtype)))
-        return acc
-
-    @triton.jit
-    def grouped_kernel(x_ptr, src_ptr, dst_ptr, starts_ptr, q_ptr, s_ptr, o_ptr, out_ptr, count, N, stride_qe,
-                       stride_se, m_blocks, K: tl.constexpr, G: tl.constexpr, GATHER: tl.constexpr,
-                       GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
-        expert = tl.program_id(0) // m_blocks
-        if GATHER:
-            start = tl.load(starts_ptr + expert) + (tl.program_id(0) % m_blocks) * BLOCK_M
-            end = tl.load(starts_ptr + expert + 1)
-        else:
-            start = tl.program_id(0) * BLOCK_M
-            end = count
-        if start < end:
-            m = start + tl.arange(0, BLOCK_M)
-            m_ok = m < end
-            if GATHER:
-                src = tl.load(src_ptr + m, mask=m_ok, other=0)
-                dst = tl.load(dst_ptr + m, mask=m_ok, other=0)
-            else:
-                src = m
-                dst = m
-            n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_ok = n < N
-            q_ptr += expert.to(tl.int64) * stride_qe
-            s_ptr += expert.to(tl.int64) * stride_se
-            o_ptr += expert.to(tl.int64) * stride_se
-            dtype = out_ptr.dtype.element_ty
-            acc = _tile(x_ptr, src, m_ok, q_ptr, s_ptr, o_ptr, n, n_ok, K, G, BLOCK_M, BLOCK_N, DOT_FP32)
-            if GATED:  # rows n of gate and n + N of up: silu(gate) * up, rounded where the library rounds
-                up = _tile(x_ptr, src, m_ok, q_ptr, s_ptr, o_ptr, n + N, n_ok, K, G, BLOCK_M, BLOCK_N, DOT_FP32)
-                gate = rounded(acc, dtype)
-                acc = rounded(rounded(gate / (1.0 + tl.exp(-gate)), dtype) * rounded(up, dtype), dtype)
-            out = out_ptr + dst[:, None].to(tl.int64) * N + n[None, :]
-            tl.store(out, acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
-
-    @triton.jit
     def rows_kernel(x_ptr, q_ptr, s_ptr, o_ptr, out_ptr, N, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_B: tl.constexpr):
         row = tl.program_id(0)
@@ -354,4 +250,4 @@ if triton is not None:
                        x_ptr + row.to(tl.int64) * K, n_ok, K, G, BLOCK_N, BLOCK_B)
         tl.store(out_ptr + row.to(tl.int64) * N + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
-    _KERNEL, _ROWS_KERNEL = grouped_kernel, rows_kernel
+    _ROWS_KERNEL = rows_kernel

@@ -20,10 +20,10 @@ Every intermediate is rounded to the model dtype where the library rounds it (ma
 product, the routing-weight scale, the shared-expert gate), so results differ from the library only by fp32
 summation order inside dot products: most elements are bit-identical, the rest one bf16 step away.
 
-Where: `install(model)` patches the MoE blocks' `forward`; the fast path is taken only for one position per row
-(a decode step, one row per session, up to `MAX_DECODE_ROWS` rows) on CUDA with Triton present; prefill, the CPU
-and anything else call the library's forward unchanged. With INT4 experts (int4.py) the same kernels read the
-packed weights (`QUANT`), and the library's forward calls `Int4Experts` (a grouped matmul) for the rest.
+Where: `install(model)` patches the MoE blocks' `forward`; on CUDA with Triton present, this path is taken for one
+position per row (a decode step, one row per session, up to `MAX_DECODE_ROWS` rows), and more positions (prefill)
+take the library's router and grouped.py's experts; the CPU calls the library's forward unchanged. With INT4
+experts (int4.py) the same kernels read the packed weights (`QUANT`).
 `experts_torch` is the experts' math in plain PyTorch (gather + bmm), a reference for the CPU test; the Triton
 kernels themselves are tested on the CPU under Triton's interpreter (tests/test_moe.py).
 """
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fast_path
+from . import fast_path, grouped
 from .int4 import Int4Experts, rows_dot
 from .triton_support import rounded, tl, triton
 
@@ -94,12 +94,13 @@ MAX_DECODE_ROWS = 32  # a batched decode step of up to this many sessions (one p
 
 
 def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Forward of a patched MoE block: the fused path for one CUDA position per row (a decode step, batched over
-    sessions), the library's otherwise."""
-    if not (self._fast_path and hidden_states.is_cuda and hidden_states.shape[1] == 1
-            and hidden_states.shape[0] <= MAX_DECODE_ROWS and _KERNELS is not None):
+    """Forward of a patched MoE block on CUDA: the fused path for one position per row (a decode step, batched over
+    sessions), the library's router and grouped.py's experts for more (prefill); the library's forward elsewhere."""
+    if not (self._fast_path and hidden_states.is_cuda and _KERNELS is not None):
         return self._library_forward(hidden_states)
-    return fused_forward(self, hidden_states)
+    if hidden_states.shape[1] == 1 and hidden_states.shape[0] <= MAX_DECODE_ROWS:
+        return fused_forward(self, hidden_states)
+    return moe_forward(self, hidden_states, experts_grouped)
 
 
 ROUTE_IN_KERNEL = True  # False: the library's router module (softmax, topk, ... as separate kernels) decides
@@ -164,6 +165,13 @@ def experts_torch(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, w
     y = torch.bmm(experts.down_proj.index_select(0, ids), h.unsqueeze(-1)).squeeze(-1)  # [T*k, H]
     y = y * weights.reshape(-1, 1)
     return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
+
+
+def experts_grouped(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """grouped.py's experts for many positions, on the library's weights or INT4 ones."""
+    if isinstance(experts, Int4Experts):
+        return experts(x, selected, weights)
+    return grouped.experts(x, selected, weights, experts.gate_up_proj, experts.down_proj)
 
 
 def experts_triton(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,

@@ -1,0 +1,270 @@
+"""Grouped matrix products for prefill: a MoE block's experts over many positions, and INT4 linear layers.
+
+Why: a turn end's prefill for 24 callers is 768 positions, 6144 (token, expert) pairs in each Thinker layer. The
+library's `grouped_mm` experts path spends, around its two grouped GEMMs, a radix sort over 64-bit keys, a copy of
+every pair's input row, the gate/up split, SiLU and product as three passes, the routing weights' product and an
+inverse permutation with its gather: a dozen kernels and ~200 MB of memory traffic a layer (docs/PERFORMANCE.md,
+thirty-third session).
+
+What:
+- `route` groups the pairs by expert (a counting sort in two kernels) and counts each expert's pairs and tiles of
+  BLOCK_M pairs;
+- `grouped_kernel` runs one program per (tile, block of BLOCK_N outputs) on a grid of fixed size (at most
+  pairs / BLOCK_M + E tiles; programs past the last tile return), so nothing waits for the host and CUDA graphs
+  capture it. A program reads its pairs' input rows by index and writes silu(gate) * up (the gate_up product) or
+  the product times the pair's routing weight (the down product) into the pair's own row;
+- `experts` puts these together; each token's top-k rows are summed at the end.
+
+Weights are either in the model dtype in the library's layout [E, N, K] (K the inputs), or INT4 packed (int4.py's
+format, dequantized in registers). Every intermediate is rounded to the model dtype where the library rounds it,
+so results differ from the library's only by fp32 summation order inside dot products. Without CUDA and Triton
+the callers keep the library's path; the tests run these kernels on the CPU under Triton's interpreter.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .triton_support import rounded, tl, triton
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
+
+# Tiles per (K, N, gated, int4, BLOCK_M): (BLOCK_N, BLOCK_K, num_warps, num_stages), from a sweep on the H200
+# (docs/PERFORMANCE.md); other shapes take DEFAULT_TILE. For int4 weights BLOCK_K is the group (the kernel steps a
+# group at a time) and only BLOCK_N, warps and stages apply.
+ROUTE_BLOCK = 256  # pairs a program of `route`'s kernels takes
+DEFAULT_TILE = (64, 64, 4, 3)
+TILES: dict[tuple[int, int, bool, bool, int], tuple[int, int, int, int]] = {
+    (2048, 768, True, False, 16): (64, 128, 4, 4),  # Thinker gate_up, one row's prefill: 164 us (default 175)
+    (768, 2048, False, False, 16): (64, 128, 4, 4),  # Thinker down: 86 us (89)
+    (768, 2048, False, False, 64): (128, 64, 4, 3),  # Thinker down, 24 rows' prefill: 129 us (135)
+    (1024, 384, True, False, 16): (64, 128, 4, 3),  # Talker gate_up: 41 us (47)
+    (384, 1024, False, False, 16): (64, 128, 4, 3),  # Talker down: 24 us (24.5)
+}
+
+
+def block_m_for(pairs: int, experts: int) -> int:
+    """Pairs a tile: about what an expert gets on average, 16 to 64 (a tile reads its expert's weights once)."""
+    mean = pairs / experts
+    return 16 if mean <= 8 else 32 if mean <= 24 else 64
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Pairs (token, k-th choice), numbered token * top_k + k, grouped by expert: at each sorted position, the pair
+    (`order` [P]) and its token (`tokens` [P]); `starts` [E + 1] each expert's first sorted position, `tiles` [E + 1]
+    each expert's first tile of `block_m` positions. Within an expert the pairs come in no set order (each pair's
+    row is computed alone, so results do not depend on it)."""
+    order: torch.Tensor
+    tokens: torch.Tensor
+    starts: torch.Tensor
+    tiles: torch.Tensor
+    block_m: int
+
+
+def route(selected: torch.Tensor, experts: int, block_m: int | None = None) -> Routes:
+    """`selected` [T, k]: each token's chosen experts (as the library's router gives them). A counting sort in two
+    kernels over blocks of pairs: each block's histogram added to the counts, then each pair put at its expert's
+    next free position (PyTorch's radix sort of the ids and the counts around it were eight kernels and 50-70 us a
+    Thinker layer at 768 positions on the H200)."""
+    ids = selected.reshape(-1)
+    pairs, top_k = ids.numel(), selected.shape[-1]
+    block_m = block_m or block_m_for(pairs, experts)
+    order, tokens = (torch.empty(pairs, dtype=torch.int32, device=ids.device) for _ in range(2))
+    starts, tiles = (torch.empty(experts + 1, dtype=torch.int32, device=ids.device) for _ in range(2))
+    counts = torch.zeros(2, experts, dtype=torch.int32, device=ids.device)  # pairs per expert; pairs placed so far
+    grid, e_pow2 = (-(-pairs // ROUTE_BLOCK),), triton.next_power_of_2(experts)
+    _COUNT_KERNEL[grid](ids, counts, pairs, E=experts, E_POW2=e_pow2, BLOCK=ROUTE_BLOCK)
+    _PLACE_KERNEL[grid](ids, counts, order, tokens, starts, tiles, pairs, TOP_K=top_k, E=experts, E_POW2=e_pow2,
+                        BLOCK_M=block_m, BLOCK=ROUTE_BLOCK)
+    return Routes(order, tokens, starts, tiles, block_m)
+
+
+def experts(x: torch.Tensor, selected: torch.Tensor, routing: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """A MoE block's experts: x [T, H], the router's `selected` and `routing` weights [T, k]; `gate_up` [E, 2I, H]
+    and `down` [E, H, I], each a tensor or an int4.Int4Weight. -> [T, H] in x's dtype, as the library's
+    `experts(x, selected, routing)`."""
+    tokens, top_k = selected.shape
+    count = gate_up.shape[0]
+    routes = route(selected, count)
+    h = matmul(x, gate_up, routes, routes.tokens, routes.order, gated=True)  # [P, I], rows in pair order
+    y = matmul(h, down, routes, routes.order, routes.order, routing=routing.reshape(-1))  # [P, H], weighted
+    return y.view(tokens, top_k, -1).sum(dim=1)  # (the library's sum: fp32 inside, rounded once)
+
+
+def matmul(x: torch.Tensor, weight, routes: Routes | None = None, src: torch.Tensor | None = None,
+           dst: torch.Tensor | None = None, gated: bool = False, routing: torch.Tensor | None = None) -> torch.Tensor:
+    """out[dst[i]] = x[src[i]] @ W[e]^T for each sorted position i of expert e (`routes`), or out = x @ W^T for a
+    single weight [N, K] (`routes` None). `gated` (W holding gate and up rows, [.., 2I, K]): out = silu(gate) * up.
+    `routing` [P]: each out row times its pair's routing weight. `weight`: a tensor or an int4.Int4Weight."""
+    quant = hasattr(weight, "packed")
+    k = x.shape[-1]
+    n = weight.shape[-2] // 2 if gated else weight.shape[-2]
+    x = x.contiguous()
+    w = weight.packed if quant else weight
+    scale, offset = (weight.scale, weight.offset) if quant else (w, w)  # placeholders where not int4
+    group = weight.group if quant else 0
+    if routes is None:
+        count, experts_count, block_m = x.shape[0], 1, 16 if x.shape[0] <= 16 else 64
+        tiles = -(-count // block_m)
+        src = dst = starts = first_tiles = x  # placeholders, never read
+    else:
+        count, experts_count, block_m = src.shape[0], routes.starts.shape[0] - 1, routes.block_m
+        tiles = count // block_m + experts_count  # at most; programs past the last tile return
+        starts, first_tiles = routes.starts, routes.tiles
+    block_n, block_k, warps, stages = TILES.get((k, n, gated, quant, block_m), DEFAULT_TILE)
+    block_k = group // 2 if quant else min(block_k, triton.next_power_of_2(k))
+    out = torch.empty(count, n, dtype=x.dtype, device=x.device)
+    _KERNEL[(tiles, -(-n // block_n))](
+        x, src, dst, routing if routing is not None else x, starts, first_tiles, w, scale, offset, out, count, n,
+        w.stride(0) if routes is not None else 0, scale.stride(0) if routes is not None and quant else 0,
+        K=k, E=experts_count, E_POW2=triton.next_power_of_2(experts_count), G=group, GATHER=routes is not None,
+        GATED=gated, SCALED=routing is not None, QUANT=quant, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        DOT_FP32=x.dtype == torch.float32 or INTERPRETED, num_warps=warps, num_stages=stages)
+    return out
+
+
+def available(x: torch.Tensor) -> bool:
+    """Whether these kernels run for `x` (CUDA with Triton, or Triton's interpreter)."""
+    return _KERNEL is not None and (x.is_cuda or INTERPRETED)
+
+
+_KERNEL = _COUNT_KERNEL = _PLACE_KERNEL = None  # the kernels, where Triton is installed
+if triton is not None:
+
+    @triton.jit
+    def count_kernel(ids_ptr, counts_ptr, P, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK: tl.constexpr):
+        """counts[0, e] += this block's pairs of expert e."""
+        pair = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + pair, mask=pair < P, other=E_POW2).to(tl.int32)  # (E_POW2: no expert's)
+        e = tl.arange(0, E_POW2)
+        tl.atomic_add(counts_ptr + e, tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0), mask=e < E)
+
+    @triton.jit
+    def place_kernel(ids_ptr, counts_ptr, order_ptr, tokens_ptr, starts_ptr, tiles_ptr, P, TOP_K: tl.constexpr,
+                     E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+        """Each pair of this block at its expert's start plus the pairs placed before it (counts[1], atomics:
+        the order within an expert is whatever the atomics give). Block 0 also writes starts and tiles."""
+        e = tl.arange(0, E_POW2)
+        counts = tl.load(counts_ptr + e, mask=e < E, other=0)
+        ends = tl.cumsum(counts, axis=0)
+        if tl.program_id(0) == 0:
+            tl.store(starts_ptr + 1 + e, ends, mask=e < E)
+            tl.store(tiles_ptr + 1 + e, tl.cumsum((counts + BLOCK_M - 1) // BLOCK_M, axis=0), mask=e < E)
+            tl.store(starts_ptr + e, 0, mask=e == 0)
+            tl.store(tiles_ptr + e, 0, mask=e == 0)
+        pair = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = pair < P
+        ids = tl.load(ids_ptr + pair, mask=ok, other=0).to(tl.int32)
+        start = tl.sum(tl.where(e[None, :] == ids[:, None], (ends - counts)[None, :], 0), axis=1)
+        position = start + tl.atomic_add(counts_ptr + E + ids, 1, mask=ok)
+        tl.store(order_ptr + position, pair, mask=ok)
+        tl.store(tokens_ptr + position, pair // TOP_K, mask=ok)
+
+    @triton.jit
+    def _dot(a, w, acc, DOT_FP32: tl.constexpr):
+        """acc + a [M, K] @ w [N, K]^T. DOT_FP32 (fp32 inputs, or Triton's interpreter, whose bf16 cast is broken):
+        in fp32 at full precision; products of bf16 values are exact in fp32, so the sums are the same."""
+        if DOT_FP32:
+            return acc + tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        return acc + tl.dot(a, tl.trans(w))
+
+    @triton.jit
+    def _dense(x_rows, m_ok, w_rows, up_rows, n_ok, K: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+        """[BLOCK_M, BLOCK_N] products x_rows @ w_rows^T in fp32, and the up rows' in the same pass (GATED)."""
+        kk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if K % BLOCK_K == 0:  # masks constant along K keep the loads vectorised
+                a_ok, w_ok = m_ok[:, None], n_ok[:, None]
+            else:
+                k_ok = (k0 + kk)[None, :] < K
+                a_ok, w_ok = m_ok[:, None] & k_ok, n_ok[:, None] & k_ok
+            a = tl.load(x_rows + k0 + kk[None, :], mask=a_ok, other=0.0)
+            acc = _dot(a, tl.load(w_rows + k0 + kk[None, :], mask=w_ok, other=0.0), acc, DOT_FP32)
+            if GATED:
+                acc_up = _dot(a, tl.load(up_rows + k0 + kk[None, :], mask=w_ok, other=0.0), acc_up, DOT_FP32)
+        return acc, acc_up
+
+    @triton.jit
+    def _int4(x_rows, m_ok, q_rows, s_rows, o_rows, n_ok, K: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+        """[BLOCK_M, BLOCK_N] = x_rows @ W^T in fp32 for packed INT4 rows (pointers to each row's bytes, scales and
+        offsets), each group's tiles dequantized in registers to x's dtype."""
+        HALF: tl.constexpr = G // 2
+        half = tl.arange(0, HALF)
+        dtype = x_rows.dtype.element_ty
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for g in range(0, K // G):
+            a_low = tl.load(x_rows + g * G + half[None, :], mask=m_ok[:, None], other=0.0)
+            a_high = tl.load(x_rows + g * G + HALF + half[None, :], mask=m_ok[:, None], other=0.0)
+            q = tl.load(q_rows + g * HALF + half[None, :], mask=n_ok[:, None], other=0)
+            scale = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            offset = tl.load(o_rows + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            w_low = rounded((q & 15).to(tl.float32) * scale + offset, dtype).to(dtype)
+            w_high = rounded((q >> 4).to(tl.float32) * scale + offset, dtype).to(dtype)
+            acc = _dot(a_high, w_high, _dot(a_low, w_low, acc, DOT_FP32), DOT_FP32)
+        return acc
+
+    @triton.jit
+    def grouped_kernel(x_ptr, src_ptr, dst_ptr, routing_ptr, starts_ptr, tiles_ptr, w_ptr, s_ptr, o_ptr, out_ptr,
+                       count, N, stride_we, stride_se, K: tl.constexpr, E: tl.constexpr, E_POW2: tl.constexpr,
+                       G: tl.constexpr, GATHER: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr,
+                       QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       DOT_FP32: tl.constexpr):
+        tile = tl.program_id(0)
+        if GATHER:  # this tile's expert: the number of experts whose tiles all come before it
+            e = tl.arange(0, E_POW2)
+            ends = tl.load(tiles_ptr + 1 + e, mask=e < E, other=2 ** 30)
+            expert = tl.sum((ends <= tile).to(tl.int32), axis=0)
+            expert_ok = expert < E
+            expert = tl.minimum(expert, E - 1)
+            start = tl.load(starts_ptr + expert) + (tile - tl.load(tiles_ptr + expert)) * BLOCK_M
+            end = tl.where(expert_ok, tl.load(starts_ptr + expert + 1), start)
+        else:
+            expert = 0
+            start = tile * BLOCK_M
+            end = count
+        if start < end:
+            m = start + tl.arange(0, BLOCK_M)
+            m_ok = m < end
+            if GATHER:
+                src = tl.load(src_ptr + m, mask=m_ok, other=0)
+                dst = tl.load(dst_ptr + m, mask=m_ok, other=0)
+            else:
+                src = m
+                dst = m
+            n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = n < N
+            dtype = out_ptr.dtype.element_ty
+            x_rows = x_ptr + src[:, None].to(tl.int64) * K
+            if QUANT:
+                q_ptr = w_ptr + expert.to(tl.int64) * stride_we
+                s_ptr += expert.to(tl.int64) * stride_se
+                o_ptr += expert.to(tl.int64) * stride_se
+                acc = _int4(x_rows, m_ok, q_ptr + n[:, None].to(tl.int64) * (K // 2), s_ptr + n * (K // G),
+                            o_ptr + n * (K // G), n_ok, K, G, BLOCK_M, BLOCK_N, DOT_FP32)
+                if GATED:
+                    up = n + N
+                    acc_up = _int4(x_rows, m_ok, q_ptr + up[:, None].to(tl.int64) * (K // 2), s_ptr + up * (K // G),
+                                   o_ptr + up * (K // G), n_ok, K, G, BLOCK_M, BLOCK_N, DOT_FP32)
+                else:
+                    acc_up = acc
+            else:
+                w_rows = w_ptr + expert.to(tl.int64) * stride_we + n[:, None].to(tl.int64) * K
+                acc, acc_up = _dense(x_rows, m_ok, w_rows, w_rows + N * K, n_ok, K, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
+                                     DOT_FP32)
+            if GATED:  # silu(gate) * up, rounded where the library rounds
+                gate = rounded(acc, dtype)
+                acc = rounded(rounded(gate / (1.0 + tl.exp(-gate)), dtype) * rounded(acc_up, dtype), dtype)
+            if SCALED:  # the routing weight's product, rounded as the library's
+                weight = tl.load(routing_ptr + dst, mask=m_ok, other=0.0).to(tl.float32)
+                acc = rounded(rounded(acc, dtype) * weight[:, None], dtype)
+            out = out_ptr + dst[:, None].to(tl.int64) * N + n[None, :]
+            tl.store(out, acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+
+    _KERNEL, _COUNT_KERNEL, _PLACE_KERNEL = grouped_kernel, count_kernel, place_kernel
