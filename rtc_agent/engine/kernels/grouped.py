@@ -3,8 +3,8 @@
 Why: a turn end's prefill for 24 callers is 768 positions, 6144 (token, expert) pairs in each Thinker layer. The
 library's `grouped_mm` experts path spends, around its two grouped GEMMs, a radix sort over 64-bit keys, a copy of
 every pair's input row, the gate/up split, SiLU and product as three passes, the routing weights' product and an
-inverse permutation with its gather: a dozen kernels and ~200 MB of memory traffic a layer (docs/PERFORMANCE.md,
-thirty-third session).
+inverse permutation with its gather: a dozen kernels and about 200 MB of memory traffic a layer beside the
+weights (docs/PERFORMANCE.md, thirty-third session).
 
 What:
 - `route` groups the pairs by expert (a counting sort in two kernels) and counts each expert's pairs and tiles of
@@ -31,10 +31,11 @@ from .triton_support import rounded, tl, triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
 
+ROUTE_BLOCK = 256  # pairs a program of `route`'s kernels takes
+
 # Tiles per (K, N, gated, int4, BLOCK_M): (BLOCK_N, BLOCK_K, num_warps, num_stages), from a sweep on the H200
 # (docs/PERFORMANCE.md); other shapes take DEFAULT_TILE. For int4 weights BLOCK_K is the group (the kernel steps a
 # group at a time) and only BLOCK_N, warps and stages apply.
-ROUTE_BLOCK = 256  # pairs a program of `route`'s kernels takes
 DEFAULT_TILE = (64, 64, 4, 3)
 TILES: dict[tuple[int, int, bool, bool, int], tuple[int, int, int, int]] = {
     (2048, 768, True, False, 16): (64, 128, 4, 4),  # Thinker gate_up, one row's prefill: 164 us (default 175)
@@ -124,11 +125,6 @@ def matmul(x: torch.Tensor, weight, routes: Routes | None = None, src: torch.Ten
         GATED=gated, SCALED=routing is not None, QUANT=quant, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_FP32=x.dtype == torch.float32 or INTERPRETED, num_warps=warps, num_stages=stages)
     return out
-
-
-def available(x: torch.Tensor) -> bool:
-    """Whether these kernels run for `x` (CUDA with Triton, or Triton's interpreter)."""
-    return _KERNEL is not None and (x.is_cuda or INTERPRETED)
 
 
 _KERNEL = _COUNT_KERNEL = _PLACE_KERNEL = None  # the kernels, where Triton is installed

@@ -167,7 +167,8 @@ def experts_torch(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, w
     return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
 
-def experts_grouped(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def experts_grouped(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor,
+                    weights: torch.Tensor) -> torch.Tensor:
     """grouped.py's experts for many positions, on the library's weights or INT4 ones."""
     if isinstance(experts, Int4Experts):
         return experts(x, selected, weights)
