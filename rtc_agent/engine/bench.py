@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-chunk-s", type=float, default=1.0)
     parser.add_argument("--context-tokens", type=int, help="KV cache per session (default 8192, more for --video-s)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps (to measure the graphs)")
-    parser.add_argument("--no-fast-moe", action="store_true", help="the library's MoE path in decode too (moe.py)")
+    parser.add_argument("--no-fast-moe", action="store_true",
+                        help="the library's MoE path in decode and prefill too (moe.py, grouped.py)")
     parser.add_argument("--no-fast-attention", action="store_true",
                         help="the library's SDPA in decode too (attention.py)")
     parser.add_argument("--no-fast-norm", action="store_true", help="the library's RMSNorm (norm.py)")

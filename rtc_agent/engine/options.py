@@ -39,7 +39,7 @@ class EngineOptions:
     first_frame_in_preparation: bool | None = None
     video_window_s: int = 30  # seconds of caller video kept in the context (one grid of tokens each); 0: no video
     video_still_threshold: float = 2.0  # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
-    fast_moe: bool = True  # single-token MoE kernels for decode (moe.py; CUDA with Triton only)
+    fast_moe: bool = True  # MoE kernels, single-token in decode and grouped in prefill (CUDA with Triton only)
     fast_attention: bool = True  # one-position attention as matmuls for decode (attention.py; CUDA only)
     fast_norm: bool = True  # every RMSNorm as one fused kernel (norm.py; CUDA with Triton only)
     fast_rotary: bool = True  # q/k norm, rotary and cache write of graphed steps in one kernel (rotary.py)

@@ -147,7 +147,7 @@ class Int4Experts(nn.Module):
         return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
     def _grouped(self, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """grouped.py's experts: pairs sorted by expert, each expert's in tiles; no host synchronisation, so it is
+        """grouped.py's experts: pairs grouped by expert, each expert's in tiles; no host synchronisation, so it is
         captured in CUDA graphs."""
         return grouped.experts(x, index, weights, self.gate_up, self.down)
 
