@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .triton_support import rounded, tl, triton
+from .triton_support import rounded, silu_times, tl, triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
 
@@ -88,8 +88,7 @@ def experts(x: torch.Tensor, selected: torch.Tensor, routing: torch.Tensor, gate
     and `down` [E, H, I], each a tensor or an int4.Int4Weight. -> [T, H] in x's dtype, as the library's
     `experts(x, selected, routing)`."""
     tokens, top_k = selected.shape
-    count = gate_up.shape[0]
-    routes = route(selected, count)
+    routes = route(selected, gate_up.shape[0])
     h = matmul(x, gate_up, routes, routes.tokens, routes.order, gated=True)  # [P, I], rows in pair order
     y = matmul(h, down, routes, routes.order, routes.order, routing=routing.reshape(-1))  # [P, H], weighted
     return y.view(tokens, top_k, -1).sum(dim=1)  # (the library's sum: fp32 inside, rounded once)
@@ -254,9 +253,8 @@ if triton is not None:
                 w_rows = w_ptr + expert.to(tl.int64) * stride_we + n[:, None].to(tl.int64) * K
                 acc, acc_up = _dense(x_rows, m_ok, w_rows, w_rows + N * K, n_ok, K, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
                                      DOT_FP32)
-            if GATED:  # silu(gate) * up, rounded where the library rounds
-                gate = rounded(acc, dtype)
-                acc = rounded(rounded(gate / (1.0 + tl.exp(-gate)), dtype) * rounded(acc_up, dtype), dtype)
+            if GATED:
+                acc = silu_times(acc, acc_up, dtype)
             if SCALED:  # the routing weight's product, rounded as the library's
                 weight = tl.load(routing_ptr + dst, mask=m_ok, other=0.0).to(tl.float32)
                 acc = rounded(rounded(acc, dtype) * weight[:, None], dtype)

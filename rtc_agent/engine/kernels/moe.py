@@ -39,7 +39,7 @@ from torch import nn
 
 from . import fast_path, grouped
 from .int4 import Int4Experts, rows_dot
-from .triton_support import rounded, tl, triton
+from .triton_support import rounded, silu_times, tl, triton
 
 # Tile sizes per (hidden, intermediate, top_k, int4): from a sweep on the H200 (docs/PERFORMANCE.md); others use
 # DEFAULT. Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps); for int4 weights
@@ -252,13 +252,6 @@ if triton is not None:
         return expert, weight
 
     @triton.jit
-    def _silu_times(acc_gate, acc_up, dtype: tl.constexpr):
-        """silu(gate) * up from fp32 dot products, rounded as the library rounds (matmul outputs, silu, product)."""
-        gate = rounded(acc_gate, dtype)
-        act = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
-        return rounded(act * rounded(acc_up, dtype), dtype)
-
-    @triton.jit
     def _gate_up_rows(x_row, gate_rows, up_rows, rows, row_ok, dtype: tl.constexpr, H: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """silu(gate) * up for a block of rows of full-precision weights."""
@@ -273,7 +266,7 @@ if triton is not None:
             wu = tl.load(up_rows + cols[None, :], mask=ok, other=0.0).to(tl.float32)
             acc_gate += tl.sum(wg * xv[None, :], axis=1)
             acc_up += tl.sum(wu * xv[None, :], axis=1)
-        return _silu_times(acc_gate, acc_up, dtype)
+        return silu_times(acc_gate, acc_up, dtype)
 
     @triton.jit
     def _rows_dot(w_rows, v_row, row_ok, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -323,7 +316,7 @@ if triton is not None:
                     acc_gate = rows_dot(q_rows, s_rows, o_rows, x_row, row_ok, H, G_UP, BLOCK_N, BLOCK_K)
                     acc_up = rows_dot(q_rows + I * (H // 2), s_rows + I * (H // G_UP), o_rows + I * (H // G_UP),
                                       x_row, row_ok, H, G_UP, BLOCK_N, BLOCK_K)
-                    h = _silu_times(acc_gate, acc_up, dtype)
+                    h = silu_times(acc_gate, acc_up, dtype)
                 else:
                     gate_rows = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * H
                     h = _gate_up_rows(x_row, gate_rows, gate_rows + I * H, rows, row_ok, dtype, H, BLOCK_N, BLOCK_K)

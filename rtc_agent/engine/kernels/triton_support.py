@@ -1,4 +1,4 @@
-"""Triton where it is installed, and what the decode kernels share (moe.py, norm.py, rotary.py, sampling.py).
+"""Triton where it is installed, and what the kernels share (moe.py, grouped.py, norm.py, rotary.py, sampling.py).
 
 CPU-only installs have no Triton: `triton` is None there, no kernel is defined, and each of those modules keeps
 the library's or plain PyTorch's path. CI runs the kernels on the CPU under Triton's interpreter.
@@ -23,5 +23,12 @@ if triton is not None:
             return bits.to(tl.float32, bitcast=True)
         else:
             return x.to(dtype).to(tl.float32)
+
+    @triton.jit
+    def silu_times(acc_gate, acc_up, dtype: tl.constexpr):
+        """silu(gate) * up from fp32 dot products, rounded as the library rounds (matmul outputs, silu, product)."""
+        gate = rounded(acc_gate, dtype)
+        act = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+        return rounded(act * rounded(acc_up, dtype), dtype)
 else:
-    rounded = None
+    rounded = silu_times = None
