@@ -456,8 +456,12 @@ class Conversation:
             eagerness = EAGERNESS[turn.eagerness]
             self._semantic = SemanticTurn(self._scorer, eagerness, self._turn_complete)
             self._detector.end_silence_ms = eagerness.max_wait_ms
-            # the answer is made ready while the first verdict is on its way, not after it
-            self._prepare_after_ms = min(PREPARE_AFTER_SILENCE_MS, eagerness.first_check_ms)
+            # The answer is made ready from the chunk before the first check on (auto: the pause's first silent
+            # chunk), so that the engine has two chunks, not one, before the turn can end (EARLIEST_END_MS): 24
+            # callers' preparations took 57-94 ms from the last of their asks to their first frames on the H200
+            # (docs/PERFORMANCE.md, thirty-fourth session). A pause inside the speech costs one preparation more
+            # (undone: the engine's work only), 0.6-0.8 per espeak-ng sentence of the turn-taking sets.
+            self._prepare_after_ms = min(PREPARE_AFTER_SILENCE_MS, max(CHUNK_MS, eagerness.first_check_ms - CHUNK_MS))
 
     def _end_of_turn_metrics(self, wait_ms: int | None) -> dict[str, Any]:
         """How this turn's end was decided, for response.done (and the end-of-turn wait histogram)."""

@@ -15,6 +15,7 @@ from rtc_agent.config import TurnSettings
 from rtc_agent.conversation import Conversation, ConversationError, State
 from rtc_agent.engine import SessionOptions
 from rtc_agent.engine.tools import Tool, ToolSet
+from rtc_agent.media.end_of_turn import EndOfTurnModel, EndOfTurnScorer
 from rtc_agent.media.outbound import OutboundAudioTrack
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES
 from rtc_support import CALL_TOKENS, TOOLS, RecordingSession, engine, run, valid_call
@@ -35,13 +36,14 @@ class Script:
         return self.p
 
 
-async def started(turn: TurnSettings = TURN, options: SessionOptions = SHORT, answer_tokens: int = 32
+async def started(turn: TurnSettings = TURN, options: SessionOptions = SHORT, answer_tokens: int = 32,
+                  end_of_turn: EndOfTurnScorer | None = None
                   ) -> tuple[Conversation, Script, list[dict[str, Any]], asyncio.Task]:
     events: list[dict[str, Any]] = []
     script = Script()
     track = OutboundAudioTrack()
     session = RecordingSession(engine(answer_tokens).new_session(options))
-    conv = Conversation(session, track, events.append, script, turn)
+    conv = Conversation(session, track, events.append, script, turn, end_of_turn=end_of_turn)
 
     async def play() -> None:  # what aiortc's sender does: ask for packets forever
         while True:
@@ -160,6 +162,40 @@ def test_an_answer_asked_for_while_it_is_being_prepared_starts_from_that_prepara
             assert calls.index("push") < calls.index("prepare") < calls.index("pushed")
             assert done["metrics"]["engine"]["ready_before_ms"] >= 0
             assert done["metrics"]["audio_in_parts"]["prepare"][2] > done["metrics"]["audio_in_ms"]
+        finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())
+
+
+def test_semantic_vad_prepares_the_answer_at_a_pauses_first_silent_chunk_and_speech_after_it_undoes_that() -> None:
+    """semantic_vad (default eagerness, the real Smart Turn model on this CPU): the answer is made ready at the
+    first silent chunk of a pause, one chunk before the first verdict is asked, so that the engine has two chunks
+    of time before the turn can end; speech right after that chunk undoes it and the chunk stays in the turn."""
+    scorer = EndOfTurnScorer(EndOfTurnModel())
+    semantic = TurnSettings(min_speech_ms=4 * CHUNK_MS, prefix_padding_ms=3 * CHUNK_MS)
+    assert semantic.turn_detection == "semantic_vad" and semantic.eagerness == "auto"
+
+    async def main() -> None:
+        conv, script, events, player = await started(semantic, end_of_turn=scorer)
+        calls = conv.session.calls
+        try:
+            await feed(conv, script, 0.9, 10)
+            await feed(conv, script, 0.1, 1)
+            for _ in range(500):  # (a preparation asked any later would never come: no more chunks are fed)
+                if "prepared" in calls:
+                    break
+                await asyncio.sleep(0.02)
+            assert calls.count("prepare") == calls.count("prepared") == 1
+            await feed(conv, script, 0.9, 10)
+            await feed(conv, script, 0.1, 100)  # longer than semantic_vad's longest wait
+            done = (await until(events, "response.done"))["response"]
+            assert done["status"] == "completed" and done["metrics"]["end_of_turn"]["type"] == "semantic_vad"
+            assert calls.count("prepare") == 2
+            # the pause's chunk joined the turn; of the silence at its end only the first chunk went in
+            assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 22 * CHUNK_MS / 1000))]
+            assert done["metrics"]["engine"]["ready_before_ms"] > 0
         finally:
             player.cancel()
             await conv.close()
