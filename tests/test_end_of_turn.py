@@ -273,6 +273,39 @@ def test_a_decision_under_way_here_when_others_go_to_the_engine_takes_the_engine
         scoring.close()
 
 
+def test_decisions_that_come_back_out_of_order_each_get_their_verdict() -> None:
+    """Two decisions on a process's threads at once (two calls' turns end together, no engine), the later one back
+    first: each gets its own verdict, and so do the decisions after them."""
+    question = espeak(QUESTION)
+    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
+    turns = [question[:end + 16 * ms] for ms in (96, 160)]
+    model = EndOfTurnModel()
+    expected = [model(audio) for audio in turns]
+    held = threading.Event()
+
+    def first_held(audio: np.ndarray, threads: int) -> float:  # the real model; the first turn's run waits
+        if len(audio) == len(turns[0]):
+            assert held.wait(60)
+        return model(audio, threads)
+
+    scorer = EndOfTurnScorer(first_held)
+
+    async def main() -> None:
+        first = asyncio.ensure_future(scorer.score(turns[0]))
+        await asyncio.sleep(0.05)
+        second = await asyncio.wait_for(scorer.score(turns[1]), 60)  # back while the first still runs
+        assert not first.done() and second.probability == expected[1]
+        held.set()
+        assert (await asyncio.wait_for(first, 60)).probability == expected[0]
+        assert not scorer._asked_here
+        assert (await asyncio.wait_for(scorer.score(turns[1]), 60)).probability == expected[1]
+
+    try:
+        run(main())
+    finally:
+        held.set()
+
+
 def test_the_only_calls_lone_decision_runs_on_two_threads_with_the_same_verdict_others_on_one() -> None:
     model = EndOfTurnModel()
     audio = ssml_speech(*PAUSED, rate=16_000)

@@ -147,9 +147,12 @@ class Words:
 EngineScore = Callable[[np.ndarray], Awaitable[tuple[float, float]]]  # Engine.score_turn, RemoteEngine.score_turn
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _LocalAsk:
-    """A decision on this process's threads: its audio, and the verdict its caller awaits."""
+    """A decision on this process's threads: its audio, and the verdict its caller awaits. Compared by identity:
+    the generated __eq__ compared the audio arrays, which raised in `_asked_here.remove` whenever a decision came
+    back before one asked earlier, and then every later verdict of the process was lost (its calls' turns ended
+    only at semantic_vad's longest wait; docs/PERFORMANCE.md, thirty-fourth session)."""
     audio: np.ndarray
     verdict: asyncio.Future[Decision]
     hedged: bool = False  # asked of the engine too
