@@ -74,11 +74,16 @@ async def one_turn_over_a_pause(call, mic, timeout_s: float) -> dict:
     return done
 
 
-def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pause_low() -> None:
-    scorer = shared_scorer()
+def question_turns(*silences_ms: int) -> list[np.ndarray]:
+    """QUESTION said by espeak-ng, cut that many ms of silence after its last sound (16 kHz)."""
     question = espeak(QUESTION)
     end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
-    complete = scorer.score_now(question[:end + 16 * 160])  # 160 ms into the silence after it
+    return [question[:end + 16 * ms] for ms in silences_ms]
+
+
+def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pause_low() -> None:
+    scorer = shared_scorer()
+    complete = scorer.score_now(question_turns(160)[0])  # 160 ms into the silence after it
     paused = ssml_speech(*PAUSED, rate=16_000)
     start, length = gap(paused, 16_000)
     assert length > 16 * 800
@@ -92,11 +97,9 @@ def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_
     activation is rounded to its int8 grid, so float sums in another order move a value by a grid step now and
     then: onnxruntime's own fused kernels and its unfused reference differ by up to 0.08 on these turns. The
     features are made in torch too (audio_input.LogMel), as transformers' extractor makes them."""
-    question = espeak(QUESTION)
-    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
     paused = ssml_speech(*PAUSED, rate=16_000)
     start, _ = gap(paused, 16_000)
-    complete = [question[:end + 16 * ms] for ms in (64, 160, 320)]
+    complete = question_turns(64, 160, 320)
     cut = [paused[:start + 16 * ms] for ms in (64, 160, 320)]
     turns = complete + cut
     reference = WhisperFeatureExtractor(feature_size=80, sampling_rate=16_000, chunk_length=8)(
@@ -191,9 +194,7 @@ def test_with_the_engine_taking_the_overflow_a_process_scores_one_turn_at_a_time
     the engine's scorer (here its torch run on the CPU), which agrees with onnxruntime within the int8 grid's
     noise (the test above); once the process's own decision is back, the next is its own again."""
     assert [end_of_turn_mode("auto", torch.device(d)) for d in ("cpu", "cuda")] == ["media", "overflow"]
-    question = espeak(QUESTION)
-    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
-    turns = [question[:end + 16 * ms] for ms in (96, 160, 320)]
+    turns = question_turns(96, 160, 320)
     expected = [EndOfTurnModel()(audio) for audio in turns]
     scoring = TurnScoring.load(torch.device("cpu"))
     scorer = EndOfTurnScorer(EndOfTurnModel(), engine=scoring.score, local=1)
@@ -223,9 +224,7 @@ def test_a_decision_under_way_here_when_others_go_to_the_engine_takes_the_engine
     """A process's own decision held on its thread (a busy CPU): once a second turn goes to the engine, the first
     is asked of the engine too and answered from there; its run here, still going, keeps the next turn on the
     engine until it ends. With the engine failing, the run here answers."""
-    question = espeak(QUESTION)
-    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
-    turns = [question[:end + 16 * ms] for ms in (96, 160)]
+    turns = question_turns(96, 160)
     model = EndOfTurnModel()
     expected = [model(audio) for audio in turns]
     held = threading.Event()
@@ -276,9 +275,7 @@ def test_a_decision_under_way_here_when_others_go_to_the_engine_takes_the_engine
 def test_decisions_that_come_back_out_of_order_each_get_their_verdict() -> None:
     """Two decisions on a process's threads at once (two calls' turns end together, no engine), the later one back
     first: each gets its own verdict, and so do the decisions after them."""
-    question = espeak(QUESTION)
-    end = int(np.flatnonzero(np.abs(question) > 0.01)[-1])
-    turns = [question[:end + 16 * ms] for ms in (96, 160)]
+    turns = question_turns(96, 160)
     model = EndOfTurnModel()
     expected = [model(audio) for audio in turns]
     held = threading.Event()
