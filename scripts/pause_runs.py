@@ -19,10 +19,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rtc_agent.config import TurnSettings  # noqa: E402
+from rtc_agent.media.end_of_turn import RATE  # noqa: E402
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector  # noqa: E402
 from turn_speech import SETS, speech_set  # noqa: E402
 
-RATE = 16_000
 LENGTHS_MS = (32, 64, 96)
 
 
