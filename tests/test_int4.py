@@ -105,12 +105,13 @@ def rel(out, ref):
 
 generator = torch.Generator().manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
-    worst = {"rows": 0.0, "tiles": 0.0, "grouped": 0.0, "fused": 0.0}
+    worst = {"rows": 0.0, "tiles": 0.0, "tall tiles": 0.0, "grouped": 0.0, "fused": 0.0}
     weight = int4.Int4Weight(torch.randn(72, 256, generator=generator).to(dtype))
-    x = torch.randn(20, 256, generator=generator).to(dtype)
+    x = torch.randn(300, 256, generator=generator).to(dtype)
     reference = torch.nn.functional.linear(x, weight.dequantized())
     worst["rows"] = rel(int4.rows_matmul(x[:3], weight), reference[:3])
-    worst["tiles"] = rel(grouped.matmul(x, weight), reference)
+    worst["tiles"] = rel(grouped.matmul(x[:20], weight), reference[:20])
+    worst["tall tiles"] = rel(grouped.matmul(x, weight), reference)  # > 256 rows: tiles of 128
     model = loader.load("tiny", "cpu").model.to(dtype)
     int4.quantize_model(model)
     for block in (m for m in model.modules() if moe._is_moe_block(m)):

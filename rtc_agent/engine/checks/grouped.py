@@ -10,6 +10,8 @@ model is loaded, so it starts in seconds) and prints one JSON object:
   (`grouped_mm`), grouped.py's, and where `--int4` is given grouped.py's on INT4 experts; `x_layers_ms` the same
   times the stack's layer count (the MoE share of one prefill);
 - `sort_us`: the library's sort of the pairs (64-bit keys) against grouped.route;
+- with `--int4`, `projections_us`: the Thinker's attention projections (the other INT4 products of a prefill) at
+  each token count, the library's bf16 linear layer against int4.Int4Linear;
 - with `--sweep TOKENS`: at those token counts, each product's time at every tile and BLOCK_M tried, and the best
   per shape (for grouped.TILES).
 """
@@ -20,13 +22,14 @@ import itertools
 import json
 
 import torch
+import torch.nn.functional as F
 
 from .. import tiny
 from ..kernels import grouped, int4, moe
 from .moe import graph_time_us
 
 DENSE_TILES = list(itertools.product((64, 128), (64, 128), (4, 8), (3, 4)))  # BLOCK_N, BLOCK_K, warps, stages
-INT4_TILES = list(itertools.product((64, 128), (0,), (4,), (2, 3)))
+INT4_TILES = list(itertools.product((64, 128), (0,), (4, 8), (2, 3)))
 
 
 def blocks(stack: str, layers: int, dtype: torch.dtype) -> list[torch.nn.Module]:
@@ -49,6 +52,23 @@ def blocks(stack: str, layers: int, dtype: torch.dtype) -> list[torch.nn.Module]
         moe.install(block)
         made.append(block.requires_grad_(False))
     return made
+
+
+def projection_times(tokens: list[int]) -> dict:
+    """The Thinker's q, k, v and o projections (random weights) over each token count: bf16 and INT4, in µs."""
+    text = tiny.released_config_dict()["thinker_config"]["text_config"]
+    hidden, heads, kv = text["hidden_size"], text["num_attention_heads"], text["num_key_value_heads"]
+    shapes = {"q": (heads * text["head_dim"], hidden), "kv": (kv * text["head_dim"], hidden),
+              "o": (hidden, heads * text["head_dim"])}
+    result = {}
+    for name, (n, k) in shapes.items():
+        linear = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+        quantized = int4.Int4Linear(linear).cuda()
+        for count in tokens:
+            x = torch.randn(count, k, device="cuda", dtype=torch.bfloat16)
+            result[f"{name}/{count}"] = {"bf16": round(graph_time_us(lambda: F.linear(x, linear.weight)), 1),
+                                         "int4": round(graph_time_us(lambda: quantized(x)), 1)}
+    return result
 
 
 def tile_sweep(block: torch.nn.Module, tokens: int, tiles: list, quant: bool) -> dict:
@@ -92,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     dtype = torch.bfloat16
     result: dict = {"blocks": {}, "us_per_layer": {}, "x_layers_ms": {}, "sort_us": {}, "sweep": {}}
+    if args.int4:
+        with torch.inference_mode():
+            result["projections_us"] = projection_times(args.tokens)
     counts = {"thinker": tiny.released_config_dict()["thinker_config"]["text_config"]["num_hidden_layers"],
               "talker": tiny.released_config_dict()["talker_config"]["text_config"]["num_hidden_layers"]}
     with torch.inference_mode():

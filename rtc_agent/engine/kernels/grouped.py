@@ -43,6 +43,8 @@ TILES: dict[tuple[int, int, bool, bool, int], tuple[int, int, int, int]] = {
     (768, 2048, False, False, 64): (128, 64, 4, 3),  # Thinker down, 24 rows' prefill: 129 us (135)
     (1024, 384, True, False, 16): (64, 128, 4, 3),  # Talker gate_up: 41 us (47)
     (384, 1024, False, False, 16): (64, 128, 4, 3),  # Talker down: 24 us (24.5)
+    (768, 2048, False, True, 64): (64, 0, 4, 2),  # Thinker down, INT4, 24 rows' prefill: 137 us (150)
+    (384, 1024, False, True, 64): (64, 0, 4, 2),  # Talker down, INT4, 24 rows' prefill: 41 us (47)
 }
 
 
@@ -107,7 +109,10 @@ def matmul(x: torch.Tensor, weight, routes: Routes | None = None, src: torch.Ten
     scale, offset = (weight.scale, weight.offset) if quant else (w, w)  # placeholders where not int4
     group = weight.group if quant else 0
     if routes is None:
-        count, experts_count, block_m = x.shape[0], 1, 16 if x.shape[0] <= 16 else 64
+        count, experts_count = x.shape[0], 1
+        # (a weight's tile is dequantized again for each tile of rows: fewer, taller ones over long prefills;
+        # the Thinker's q and o projections at 512-768 rows 45-65 -> 29-54 us on the H200)
+        block_m = 16 if count <= 16 else 64 if count <= 256 else 128
         tiles = -(-count // block_m)
         src = dst = starts = first_tiles = x  # placeholders, never read
     else:
@@ -186,24 +191,47 @@ if triton is not None:
         return acc, acc_up
 
     @triton.jit
-    def _int4(x_rows, m_ok, q_rows, s_rows, o_rows, n_ok, K: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+    def _weights(codes, scale, offset, dtype: tl.constexpr, DOT_FP32: tl.constexpr):
+        """4-bit codes (int32, 0..15) as weights in `dtype`: code * scale + offset in fp32, rounded once by the
+        cast. The dequantization bounds these products (docs/PERFORMANCE.md, thirty-fifth session), so the code's
+        float is the code put in the mantissa of 2^23, minus 2^23: an OR and an add, where a conversion instruction
+        runs at a fraction of the multiply-adds' rate. DOT_FP32 (fp32, or Triton's interpreter, whose bf16 cast
+        truncates): rounded by bit arithmetic instead of the cast."""
+        w = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * scale + offset
+        if DOT_FP32:
+            return rounded(w, dtype).to(dtype)
+        return w.to(dtype)
+
+    @triton.jit
+    def _int4_group(a_low, a_high, q_rows, s_rows, o_rows, n_ok, acc, DOT_FP32: tl.constexpr):
+        """acc + one group of packed INT4 rows (pointers to the group's bytes, scale and offset in each row) times
+        the inputs' two halves `a_low` and `a_high` [BLOCK_M, G/2]."""
+        dtype = a_low.dtype
+        half = tl.arange(0, a_low.shape[1])
+        codes = tl.load(q_rows + half[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+        scale = tl.load(s_rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        offset = tl.load(o_rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        acc = _dot(a_low, _weights(codes & 15, scale, offset, dtype, DOT_FP32), acc, DOT_FP32)
+        return _dot(a_high, _weights(codes >> 4, scale, offset, dtype, DOT_FP32), acc, DOT_FP32)
+
+    @triton.jit
+    def _int4(x_rows, m_ok, q_rows, s_rows, o_rows, up_q, up_s, n_ok, K: tl.constexpr, G: tl.constexpr,
+              GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
         """[BLOCK_M, BLOCK_N] = x_rows @ W^T in fp32 for packed INT4 rows (pointers to each row's bytes, scales and
-        offsets), each group's tiles dequantized in registers to x's dtype."""
+        offsets), each group's tiles dequantized in registers to x's dtype; with GATED also the up rows' (`up_q`
+        bytes and `up_s` scales further on) in the same pass, so each group's inputs are loaded once."""
         HALF: tl.constexpr = G // 2
         half = tl.arange(0, HALF)
-        dtype = x_rows.dtype.element_ty
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for g in range(0, K // G):
             a_low = tl.load(x_rows + g * G + half[None, :], mask=m_ok[:, None], other=0.0)
             a_high = tl.load(x_rows + g * G + HALF + half[None, :], mask=m_ok[:, None], other=0.0)
-            q = tl.load(q_rows + g * HALF + half[None, :], mask=n_ok[:, None], other=0)
-            scale = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            offset = tl.load(o_rows + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            w_low = rounded((q & 15).to(tl.float32) * scale + offset, dtype).to(dtype)
-            w_high = rounded((q >> 4).to(tl.float32) * scale + offset, dtype).to(dtype)
-            acc = _dot(a_high, w_high, _dot(a_low, w_low, acc, DOT_FP32), DOT_FP32)
-        return acc
+            q, s, o = q_rows + g * HALF, s_rows + g, o_rows + g
+            acc = _int4_group(a_low, a_high, q, s, o, n_ok, acc, DOT_FP32)
+            if GATED:
+                acc_up = _int4_group(a_low, a_high, q + up_q, s + up_s, o + up_s, n_ok, acc_up, DOT_FP32)
+        return acc, acc_up
 
     @triton.jit
     def grouped_kernel(x_ptr, src_ptr, dst_ptr, routing_ptr, starts_ptr, tiles_ptr, w_ptr, s_ptr, o_ptr, out_ptr,
@@ -241,14 +269,9 @@ if triton is not None:
                 q_ptr = w_ptr + expert.to(tl.int64) * stride_we
                 s_ptr += expert.to(tl.int64) * stride_se
                 o_ptr += expert.to(tl.int64) * stride_se
-                acc = _int4(x_rows, m_ok, q_ptr + n[:, None].to(tl.int64) * (K // 2), s_ptr + n * (K // G),
-                            o_ptr + n * (K // G), n_ok, K, G, BLOCK_M, BLOCK_N, DOT_FP32)
-                if GATED:
-                    up = n + N
-                    acc_up = _int4(x_rows, m_ok, q_ptr + up[:, None].to(tl.int64) * (K // 2), s_ptr + up * (K // G),
-                                   o_ptr + up * (K // G), n_ok, K, G, BLOCK_M, BLOCK_N, DOT_FP32)
-                else:
-                    acc_up = acc
+                acc, acc_up = _int4(x_rows, m_ok, q_ptr + n[:, None].to(tl.int64) * (K // 2), s_ptr + n * (K // G),
+                                    o_ptr + n * (K // G), N * (K // 2), N * (K // G), n_ok, K, G, GATED, BLOCK_M,
+                                    BLOCK_N, DOT_FP32)
             else:
                 w_rows = w_ptr + expert.to(tl.int64) * stride_we + n[:, None].to(tl.int64) * K
                 acc, acc_up = _dense(x_rows, m_ok, w_rows, w_rows + N * K, n_ok, K, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
