@@ -33,7 +33,7 @@ for tokens, top_k, experts, block_m in ((1, 2, 8, None), (300, 8, 128, None), (1
 def rel(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
-# the products alone, sizes that are no multiple of the tiles: gated and routed-weighted, and one plain weight
+# the products alone, sizes that are no multiple of the tiles: gated and routed-weighted
 worst = 0.0
 x = torch.randn(30, 96, generator=generator)
 weight = torch.randn(4, 80, 96, generator=generator)
@@ -45,7 +45,6 @@ for gated in (True, False):
     full = torch.einsum("tk,tnk->tn", x, weight[selected[:, 0]])
     ref = (torch.nn.functional.silu(full[:, :40]) * full[:, 40:] if gated else full) * routing[:, None]
     worst = max(worst, rel(out, ref))
-worst = max(worst, rel(grouped.matmul(x, weight[0]), x @ weight[0].T))
 print("products", worst)
 
 # whole blocks of the tiny model (Thinker's, and Talker's with its shared expert) against the library's forward

@@ -1,4 +1,4 @@
-"""Grouped matrix products for prefill: a MoE block's experts over many positions, and INT4 linear layers.
+"""Grouped matrix products for prefill: a MoE block's experts over many positions.
 
 Why: a turn end's prefill for 24 callers is 768 positions, 6144 (token, expert) pairs in each Thinker layer. The
 library's `grouped_mm` experts path spends, around its two grouped GEMMs, a radix sort over 64-bit keys, a copy of
@@ -96,11 +96,11 @@ def experts(x: torch.Tensor, selected: torch.Tensor, routing: torch.Tensor, gate
     return y.view(tokens, top_k, -1).sum(dim=1)  # (the library's sum: fp32 inside, rounded once)
 
 
-def matmul(x: torch.Tensor, weight, routes: Routes | None = None, src: torch.Tensor | None = None,
-           dst: torch.Tensor | None = None, gated: bool = False, routing: torch.Tensor | None = None) -> torch.Tensor:
-    """out[dst[i]] = x[src[i]] @ W[e]^T for each sorted position i of expert e (`routes`), or out = x @ W^T for a
-    single weight [N, K] (`routes` None). `gated` (W holding gate and up rows, [.., 2I, K]): out = silu(gate) * up.
-    `routing` [P]: each out row times its pair's routing weight. `weight`: a tensor or an int4.Int4Weight."""
+def matmul(x: torch.Tensor, weight, routes: Routes, src: torch.Tensor, dst: torch.Tensor, gated: bool = False,
+           routing: torch.Tensor | None = None) -> torch.Tensor:
+    """out[dst[i]] = x[src[i]] @ W[e]^T for each sorted position i of expert e (`routes`). `gated` (W holding gate
+    and up rows, [E, 2I, K]): out = silu(gate) * up. `routing` [P]: each out row times its pair's routing weight.
+    `weight`: a tensor or an int4.Int4Weight."""
     quant = hasattr(weight, "packed")
     k = x.shape[-1]
     n = weight.shape[-2] // 2 if gated else weight.shape[-2]
@@ -108,26 +108,17 @@ def matmul(x: torch.Tensor, weight, routes: Routes | None = None, src: torch.Ten
     w = weight.packed if quant else weight
     scale, offset = (weight.scale, weight.offset) if quant else (w, w)  # placeholders where not int4
     group = weight.group if quant else 0
-    if routes is None:
-        count, experts_count = x.shape[0], 1
-        # (a weight's tile is dequantized again for each tile of rows: fewer, taller ones over long prefills;
-        # the Thinker's q and o projections at 512-768 rows 45-65 -> 29-54 us on the H200)
-        block_m = 16 if count <= 16 else 64 if count <= 256 else 128
-        tiles = -(-count // block_m)
-        src = dst = starts = first_tiles = x  # placeholders, never read
-    else:
-        count, experts_count, block_m = src.shape[0], routes.starts.shape[0] - 1, routes.block_m
-        tiles = count // block_m + experts_count  # at most; programs past the last tile return
-        starts, first_tiles = routes.starts, routes.tiles
+    count, experts_count, block_m = src.shape[0], routes.starts.shape[0] - 1, routes.block_m
+    tiles = count // block_m + experts_count  # at most; programs past the last tile return
     block_n, block_k, warps, stages = TILES.get((k, n, gated, quant, block_m), DEFAULT_TILE)
     block_k = group // 2 if quant else min(block_k, triton.next_power_of_2(k))
     out = torch.empty(count, n, dtype=x.dtype, device=x.device)
     _KERNEL[(tiles, -(-n // block_n))](
-        x, src, dst, routing if routing is not None else x, starts, first_tiles, w, scale, offset, out, count, n,
-        w.stride(0) if routes is not None else 0, scale.stride(0) if routes is not None and quant else 0,
-        K=k, E=experts_count, E_POW2=triton.next_power_of_2(experts_count), G=group, GATHER=routes is not None,
-        GATED=gated, SCALED=routing is not None, QUANT=quant, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_FP32=x.dtype == torch.float32 or INTERPRETED, num_warps=warps, num_stages=stages)
+        x, src, dst, routing if routing is not None else x, routes.starts, routes.tiles, w, scale, offset, out, n,
+        w.stride(0), scale.stride(0) if quant else 0, K=k, E=experts_count,
+        E_POW2=triton.next_power_of_2(experts_count), G=group, GATED=gated, SCALED=routing is not None, QUANT=quant,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_FP32=x.dtype == torch.float32 or INTERPRETED,
+        num_warps=warps, num_stages=stages)
     return out
 
 
@@ -235,32 +226,22 @@ if triton is not None:
 
     @triton.jit
     def grouped_kernel(x_ptr, src_ptr, dst_ptr, routing_ptr, starts_ptr, tiles_ptr, w_ptr, s_ptr, o_ptr, out_ptr,
-                       count, N, stride_we, stride_se, K: tl.constexpr, E: tl.constexpr, E_POW2: tl.constexpr,
-                       G: tl.constexpr, GATHER: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr,
-                       QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_FP32: tl.constexpr):
+                       N, stride_we, stride_se, K: tl.constexpr, E: tl.constexpr, E_POW2: tl.constexpr,
+                       G: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr, QUANT: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
         tile = tl.program_id(0)
-        if GATHER:  # this tile's expert: the number of experts whose tiles all come before it
-            e = tl.arange(0, E_POW2)
-            ends = tl.load(tiles_ptr + 1 + e, mask=e < E, other=2 ** 30)
-            expert = tl.sum((ends <= tile).to(tl.int32), axis=0)
-            expert_ok = expert < E
-            expert = tl.minimum(expert, E - 1)
-            start = tl.load(starts_ptr + expert) + (tile - tl.load(tiles_ptr + expert)) * BLOCK_M
-            end = tl.where(expert_ok, tl.load(starts_ptr + expert + 1), start)
-        else:
-            expert = 0
-            start = tile * BLOCK_M
-            end = count
+        e = tl.arange(0, E_POW2)  # this tile's expert: the number of experts whose tiles all come before it
+        ends = tl.load(tiles_ptr + 1 + e, mask=e < E, other=2 ** 30)
+        expert = tl.sum((ends <= tile).to(tl.int32), axis=0)
+        expert_ok = expert < E
+        expert = tl.minimum(expert, E - 1)
+        start = tl.load(starts_ptr + expert) + (tile - tl.load(tiles_ptr + expert)) * BLOCK_M
+        end = tl.where(expert_ok, tl.load(starts_ptr + expert + 1), start)
         if start < end:
             m = start + tl.arange(0, BLOCK_M)
             m_ok = m < end
-            if GATHER:
-                src = tl.load(src_ptr + m, mask=m_ok, other=0)
-                dst = tl.load(dst_ptr + m, mask=m_ok, other=0)
-            else:
-                src = m
-                dst = m
+            src = tl.load(src_ptr + m, mask=m_ok, other=0)
+            dst = tl.load(dst_ptr + m, mask=m_ok, other=0)
             n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             n_ok = n < N
             dtype = out_ptr.dtype.element_ty

@@ -16,22 +16,26 @@ directly (their errors are not averaged out), and the Talker's small dense parts
 int4 kernels measured slower than the library's bf16 ones for 0.14 GB saved (docs/PERFORMANCE.md).
 
 Kernels (Triton): grouped.py's matmul over rows grouped by expert (`tl.dot` on tiles dequantized in registers)
-for prefill (experts, and linear layers over many rows); `rows_kernel`, dot products of a few rows
-(a decode step, one row per session) with many small blocks of weight rows, so that a step's few rows still spread
-over the whole GPU; moe.py's single-token MoE kernels read the same packed format for decode (`rows_dot`).
+for the experts in prefill; `rows_kernel`, dot products of a few rows (a decode step, one row per session) with
+many small blocks of weight rows, so that a step's few rows still spread over the whole GPU; moe.py's single-token
+MoE kernels read the same packed format for decode (`rows_dot`). Linear layers over more rows (prefill) unpack
+their weight into a scratch copy in the model dtype (`unpacked`) for the library's GEMM: a product on tiles
+dequantized in registers dequantizes the weight again for every tile of rows, and took twice as long (the
+Thinker's q projection at 768 rows 44 against 26 µs on the H200; docs/PERFORMANCE.md, thirty-fifth session).
 Without CUDA and Triton (the CPU), the math is done by dequantizing first, which is also the reference the tests
 hold the kernels to under Triton's interpreter.
 """
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import grouped
-from .triton_support import tl, triton
+from .triton_support import rounded, tl, triton
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +113,12 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if _kernels_on(x) and rows.shape[0] <= DECODE_ROWS:
-            out = rows_matmul(rows, self.weight_int4)
-        elif _kernels_on(x):
-            out = grouped.matmul(rows, self.weight_int4)
-        else:
+        if not _kernels_on(x):
             out = F.linear(rows, self.weight_int4.dequantized())
+        elif rows.shape[0] <= DECODE_ROWS:
+            out = rows_matmul(rows, self.weight_int4)
+        else:
+            out = F.linear(rows, unpacked(self.weight_int4))
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -168,6 +172,21 @@ def rows_matmul(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
     return out
 
 
+UNPACK_ROWS = 32  # weight rows a program of `unpack_kernel` writes
+
+
+def unpacked(weight: Int4Weight) -> torch.Tensor:
+    """`dequantize`'s weight in one Triton kernel, for the library's GEMM over many rows: a scratch copy in the model
+    dtype, 16 MB for the Thinker's largest projection (7 µs on the H200; `dequantize`'s torch ops with the GEMM took
+    110-130 µs there)."""
+    *lead, n, k = weight.shape
+    rows = n * math.prod(lead)
+    out = torch.empty(weight.shape, dtype=weight.dtype, device=weight.packed.device)
+    _UNPACK_KERNEL[(-(-rows // UNPACK_ROWS), k // weight.group)](
+        weight.packed, weight.scale, weight.offset, out, rows, K=k, G=weight.group, BLOCK_R=UNPACK_ROWS)
+    return out
+
+
 def targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, module) of every module `quantize_model` replaces."""
     found = []
@@ -211,7 +230,7 @@ def quantize_module(parent: nn.Module, name: str, module: nn.Module) -> int:
     return before - sum(b.numel() * b.element_size() for b in replacement.buffers())
 
 
-_ROWS_KERNEL = rows_dot = None  # the kernels, where Triton is installed
+_ROWS_KERNEL = _UNPACK_KERNEL = rows_dot = None  # the kernels, where Triton is installed
 if triton is not None:
 
     @triton.jit
@@ -250,4 +269,22 @@ if triton is not None:
                        x_ptr + row.to(tl.int64) * K, n_ok, K, G, BLOCK_N, BLOCK_B)
         tl.store(out_ptr + row.to(tl.int64) * N + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
-    _ROWS_KERNEL = rows_kernel
+    @triton.jit
+    def unpack_kernel(q_ptr, s_ptr, o_ptr, out_ptr, rows, K: tl.constexpr, G: tl.constexpr, BLOCK_R: tl.constexpr):
+        """One group of BLOCK_R rows: code * scale + offset in fp32, rounded to the output's dtype as `dequantize`
+        rounds (by bit arithmetic: Triton's interpreter truncates in its cast; the kernel is bound by memory)."""
+        HALF: tl.constexpr = G // 2
+        row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        group = tl.program_id(1)
+        ok = row < rows
+        half = tl.arange(0, HALF)
+        q = tl.load(q_ptr + row[:, None].to(tl.int64) * (K // 2) + group * HALF + half[None, :], mask=ok[:, None],
+                    other=0)
+        scale = tl.load(s_ptr + row.to(tl.int64) * (K // G) + group, mask=ok, other=0.0).to(tl.float32)[:, None]
+        offset = tl.load(o_ptr + row.to(tl.int64) * (K // G) + group, mask=ok, other=0.0).to(tl.float32)[:, None]
+        dtype = out_ptr.dtype.element_ty
+        out = out_ptr + row[:, None].to(tl.int64) * K + group * G + half[None, :]
+        tl.store(out, rounded((q & 15).to(tl.float32) * scale + offset, dtype).to(dtype), mask=ok[:, None])
+        tl.store(out + HALF, rounded((q >> 4).to(tl.float32) * scale + offset, dtype).to(dtype), mask=ok[:, None])
+
+    _ROWS_KERNEL, _UNPACK_KERNEL = rows_kernel, unpack_kernel
