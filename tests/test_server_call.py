@@ -90,7 +90,7 @@ def test_two_turns_then_response_cancel() -> None:
             call.send({"type": "response.cancel"})
             second = (await call.next_event("response.done", timeout_s=30))["response"]
             assert second["id"] != first["id"]
-            assert second["interrupted"] and second["status"] == "cancelled"
+            assert second["interrupted"] and second["status"] == "cancelled", second
             assert second["metrics"]["frames_sent"] < 6.0 / 0.08
             call.send({"type": "response.cancel"})
             err = await call.next_event("error", timeout_s=10)
