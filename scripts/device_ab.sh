@@ -8,6 +8,7 @@
 # CALLERS and SERVE,ARGS as device_processes.sh's CALLERS and SERVE_ARGS, commas for spaces: "old|1,24,24,24"
 # "new|1,16,16|--quantize,int4". LIMIT: seconds per server and its loads (default 400; a server cut off at the
 # limit brings back its files without the tar: at most 8 files come back from a run).
+# The loads as one table, with the traces' bursts: python3 scripts/ab_table.py <files_at>/*.tar.gz
 set -u
 wav=${1:-.whl/thanks.wav}
 n=0
