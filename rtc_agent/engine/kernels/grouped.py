@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .triton_support import rounded, silu_times, tl, triton
+from .triton_support import int4_weights, rounded, silu_times, tl, triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
 
@@ -182,18 +182,6 @@ if triton is not None:
         return acc, acc_up
 
     @triton.jit
-    def _weights(codes, scale, offset, dtype: tl.constexpr, DOT_FP32: tl.constexpr):
-        """4-bit codes (int32, 0..15) as weights in `dtype`: code * scale + offset in fp32, rounded once by the
-        cast. The dequantization bounds these products (docs/PERFORMANCE.md, thirty-fifth session), so the code's
-        float is the code put in the mantissa of 2^23, minus 2^23: an OR and an add, where a conversion instruction
-        runs at a fraction of the multiply-adds' rate. DOT_FP32 (fp32, or Triton's interpreter, whose bf16 cast
-        truncates): rounded by bit arithmetic instead of the cast."""
-        w = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * scale + offset
-        if DOT_FP32:
-            return rounded(w, dtype).to(dtype)
-        return w.to(dtype)
-
-    @triton.jit
     def _int4_group(a_low, a_high, q_rows, s_rows, o_rows, n_ok, acc, DOT_FP32: tl.constexpr):
         """acc + one group of packed INT4 rows (pointers to the group's bytes, scale and offset in each row) times
         the inputs' two halves `a_low` and `a_high` [BLOCK_M, G/2]."""
@@ -202,8 +190,8 @@ if triton is not None:
         codes = tl.load(q_rows + half[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
         scale = tl.load(s_rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         offset = tl.load(o_rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        acc = _dot(a_low, _weights(codes & 15, scale, offset, dtype, DOT_FP32), acc, DOT_FP32)
-        return _dot(a_high, _weights(codes >> 4, scale, offset, dtype, DOT_FP32), acc, DOT_FP32)
+        acc = _dot(a_low, int4_weights(codes & 15, scale, offset, dtype, DOT_FP32), acc, DOT_FP32)
+        return _dot(a_high, int4_weights(codes >> 4, scale, offset, dtype, DOT_FP32), acc, DOT_FP32)
 
     @triton.jit
     def _int4(x_rows, m_ok, q_rows, s_rows, o_rows, up_q, up_s, n_ok, K: tl.constexpr, G: tl.constexpr,

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import grouped
-from .triton_support import rounded, tl, triton
+from .triton_support import int4_weights, tl, triton
 
 log = logging.getLogger(__name__)
 
@@ -272,19 +272,20 @@ if triton is not None:
     @triton.jit
     def unpack_kernel(q_ptr, s_ptr, o_ptr, out_ptr, rows, K: tl.constexpr, G: tl.constexpr, BLOCK_R: tl.constexpr):
         """One group of BLOCK_R rows: code * scale + offset in fp32, rounded to the output's dtype as `dequantize`
-        rounds (by bit arithmetic: Triton's interpreter truncates in its cast; the kernel is bound by memory)."""
+        rounds (by bit arithmetic everywhere: Triton's interpreter truncates in its cast; the kernel is bound by
+        memory)."""
         HALF: tl.constexpr = G // 2
         row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         group = tl.program_id(1)
         ok = row < rows
         half = tl.arange(0, HALF)
         q = tl.load(q_ptr + row[:, None].to(tl.int64) * (K // 2) + group * HALF + half[None, :], mask=ok[:, None],
-                    other=0)
+                    other=0).to(tl.int32)
         scale = tl.load(s_ptr + row.to(tl.int64) * (K // G) + group, mask=ok, other=0.0).to(tl.float32)[:, None]
         offset = tl.load(o_ptr + row.to(tl.int64) * (K // G) + group, mask=ok, other=0.0).to(tl.float32)[:, None]
         dtype = out_ptr.dtype.element_ty
         out = out_ptr + row[:, None].to(tl.int64) * K + group * G + half[None, :]
-        tl.store(out, rounded((q & 15).to(tl.float32) * scale + offset, dtype).to(dtype), mask=ok[:, None])
-        tl.store(out + HALF, rounded((q >> 4).to(tl.float32) * scale + offset, dtype).to(dtype), mask=ok[:, None])
+        tl.store(out, int4_weights(q & 15, scale, offset, dtype, True), mask=ok[:, None])
+        tl.store(out + HALF, int4_weights(q >> 4, scale, offset, dtype, True), mask=ok[:, None])
 
     _ROWS_KERNEL, _UNPACK_KERNEL = rows_kernel, unpack_kernel

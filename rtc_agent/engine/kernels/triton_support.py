@@ -1,4 +1,5 @@
-"""Triton where it is installed, and what the kernels share (moe.py, grouped.py, norm.py, rotary.py, sampling.py).
+"""Triton where it is installed, and what the kernels share (moe.py, grouped.py, int4.py, norm.py, rotary.py,
+sampling.py).
 
 CPU-only installs have no Triton: `triton` is None there, no kernel is defined, and each of those modules keeps
 the library's or plain PyTorch's path. CI runs the kernels on the CPU under Triton's interpreter.
@@ -25,10 +26,22 @@ if triton is not None:
             return x.to(dtype).to(tl.float32)
 
     @triton.jit
+    def int4_weights(codes, scale, offset, dtype: tl.constexpr, BITWISE: tl.constexpr):
+        """INT4 codes (int32, 0..15; int4.py's format) as weights in `dtype`: code * scale + offset in fp32, rounded
+        once. The code's float is the code put in the mantissa of 2^23, minus 2^23: an OR and an add, where a
+        conversion instruction runs at a fraction of the multiply-adds' rate (the dequantization bounds grouped.py's
+        INT4 products; docs/PERFORMANCE.md, thirty-fifth session). BITWISE: rounded by bit arithmetic (Triton's
+        interpreter, whose bf16 cast truncates) instead of the hardware's cast; both round to nearest even."""
+        w = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * scale + offset
+        if BITWISE:
+            return rounded(w, dtype).to(dtype)
+        return w.to(dtype)
+
+    @triton.jit
     def silu_times(acc_gate, acc_up, dtype: tl.constexpr):
         """silu(gate) * up from fp32 dot products, rounded as the library rounds (matmul outputs, silu, product)."""
         gate = rounded(acc_gate, dtype)
         act = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
         return rounded(act * rounded(acc_up, dtype), dtype)
 else:
-    rounded = silu_times = None
+    rounded = int4_weights = silu_times = None
