@@ -30,6 +30,19 @@ for tokens, top_k, experts, block_m in ((1, 2, 8, None), (300, 8, 128, None), (1
     assert torch.equal(routes.starts.long(), torch.cat((zero, counts.cumsum(0))))
     assert torch.equal(routes.tiles.long(), torch.cat((zero, (-(-counts // routes.block_m)).cumsum(0))))
 
+# route with tokens left out (a decode step's rows sitting it out): only the others' pairs, grouped by expert
+selected = torch.stack([torch.randperm(128, generator=generator)[:8] for _ in range(24)])
+active = torch.rand(24, generator=generator) < 0.5
+routes = grouped.route(selected, 128, active=active.long())
+placed = int(routes.starts[-1])
+kept = torch.arange(24 * 8).view(24, 8)[active].reshape(-1)
+assert not routes.complete and placed == kept.numel()
+order = routes.order[:placed].long()
+assert torch.equal(order.sort().values, kept), "a pair of a token left out placed, or one taking part lost"
+by_expert = selected.reshape(-1)[order]
+assert torch.all(by_expert[1:] >= by_expert[:-1])
+assert torch.equal(routes.starts.long()[1:], torch.bincount(selected[active].reshape(-1), minlength=128).cumsum(0))
+
 def rel(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 

@@ -67,8 +67,13 @@ def test_install_keeps_library_path_off_cuda():
     assert all(b._fast_path == moe._supported(b) for b in _blocks(model))
 
 
-def skipped_rows_differences() -> tuple[float, float]:
-    """Rows that sit a step out (`moe.skipping_rows`): (largest |fused - fused without skipping| on the rows that
+def grouped_decode(block, x):
+    """What `moe.block_forward` runs for a decode step of GROUPED_DECODE_ROWS rows or more."""
+    return moe.moe_forward(block, x, moe.experts_grouped, active=moe._active_rows(x))
+
+
+def skipped_rows_differences(path) -> tuple[float, float]:
+    """Rows that sit a step out (`moe.skipping_rows`): (largest |path - path without skipping| on the rows that
     take part, largest |output| on the rows left out) over every MoE block, 4 rows, flags as bool and as long."""
     model = loader.load("tiny", "cpu").model.to(torch.bfloat16)
     generator = torch.Generator().manual_seed(1)
@@ -76,10 +81,10 @@ def skipped_rows_differences() -> tuple[float, float]:
     with torch.inference_mode():
         for block in _blocks(model):
             x = torch.randn(4, 1, block.experts.hidden_dim, generator=generator).to(torch.bfloat16)
-            full = moe.fused_forward(block, x)
+            full = path(block, x)
             for active in (torch.tensor([True, False, True, False]), torch.tensor([0, 1, 1, 0])):
                 with moe.skipping_rows(active):
-                    out = moe.fused_forward(block, x)
+                    out = path(block, x)
                 on = active.bool()
                 kept = max(kept, (out[on].float() - full[on].float()).abs().max().item())
                 left_out = max(left_out, out[~on].float().abs().max().item())
@@ -89,11 +94,11 @@ def skipped_rows_differences() -> tuple[float, float]:
 _INTERPRETER_CHECK = """
 import sys, torch
 sys.path.insert(0, {tests!r})
-from test_moe import max_differences, skipped_rows_differences
+from test_moe import grouped_decode, max_differences, skipped_rows_differences
 from rtc_agent.engine.kernels import moe
 assert moe._KERNELS is not None
 paths = (lambda b, x: moe.moe_forward(b, x, moe.experts_triton), moe.fused_forward)  # library router; fused
-print(*skipped_rows_differences(),
+print(*skipped_rows_differences(moe.fused_forward), *skipped_rows_differences(grouped_decode),
       *(max(max_differences(dtype, path)) for path in paths for dtype in (torch.float32, torch.bfloat16)))
 """
 
@@ -104,7 +109,11 @@ def test_triton_kernels_equal_library_block_and_skip_rows_under_interpreter():
     code = _INTERPRETER_CHECK.format(tests=str(Path(__file__).parent))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    kept, left_out, fp32, bf16, fused_fp32, fused_bf16 = map(float, out.stdout.split()[-6:])
+    kept, left_out, grouped_kept, grouped_left_out, fp32, bf16, fused_fp32, fused_bf16 = \
+        map(float, out.stdout.split()[-8:])
     assert fp32 < 1e-6 and fused_fp32 < 1e-6
     assert bf16 == 0.0 and fused_bf16 == 0.0  # the same rounding points as the library; on these inputs bit for bit
-    assert kept == 0.0 and left_out == 0.0  # rows left out of a step: zeros; the others exactly as without it
+    # rows left out of a step: zeros; the others exactly as without it (the fused kernels, and grouped.py's, which
+    # a step of many rows takes)
+    assert kept == 0.0 and left_out == 0.0
+    assert grouped_kept == 0.0 and grouped_left_out == 0.0

@@ -1,6 +1,6 @@
 """Checks and times grouped.py's prefill experts against the library's on full-size MoE blocks alone (GPU).
 
-    python -m rtc_agent.engine.checks.grouped [--tokens 32 256 768 1536] [--sweep 32 768] [--int4]
+    python -m rtc_agent.engine.checks.grouped [--tokens 32 256 768 1536] [--sweep 32 768] [--decode 8 16 24] [--int4]
 
 Builds `--layers` copies of the released Thinker and Talker MoE blocks (random weights, the model dtype; no whole
 model is loaded, so it starts in seconds) and prints one JSON object:
@@ -13,11 +13,16 @@ model is loaded, so it starts in seconds) and prints one JSON object:
 - with `--int4`, `projections_us`: the Thinker's attention projections (the other INT4 products of a prefill) at
   each token count, the library's bf16 linear layer against int4.Int4Linear;
 - with `--sweep TOKENS`: at those token counts, each product's time at every tile and BLOCK_M tried, and the best
-  per shape (for grouped.TILES).
+  per shape (for grouped.TILES);
+- with `--decode ROWS`: a batched decode step's blocks (one position a row) at those row counts, µs per block in a
+  graph: moe.py's fused kernels against the library's router and grouped.py's experts (what a step of
+  moe.GROUPED_DECODE_ROWS rows or more takes), each also with every other row sitting the step out
+  (`moe.skipping_rows`), and with `--int4` the same on INT4 experts (for moe.GROUPED_DECODE_ROWS).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 
@@ -101,17 +106,38 @@ def tile_sweep(block: torch.nn.Module, tokens: int, tiles: list, quant: bool) ->
     return result
 
 
+def decode_times(variants: dict[str, list[torch.nn.Module]], rows: int) -> dict:
+    """µs per block of a decode step of `rows` rows: each variant's blocks through the fused and the grouped path,
+    all rows taking part and every other one."""
+    hidden = next(iter(variants.values()))[0].gate.hidden_dim
+    x = torch.randn(rows, 1, hidden, device="cuda", dtype=torch.bfloat16)
+    half = (torch.arange(rows, device="cuda") % 2 == 0).to(torch.int32)
+    paths = {"fused": moe.fused_forward,
+             "grouped": lambda b, x: moe.moe_forward(b, x, moe.experts_grouped, active=moe._active_rows(x))}
+    result = {}
+    for name, made in variants.items():
+        for path, fn in paths.items():
+            for taking_part, flags in (("all", None), ("half", half)):
+                def step():
+                    with moe.skipping_rows(flags) if flags is not None else contextlib.nullcontext():
+                        return [fn(b, x) for b in made]
+                result[f"{name}/{path}/{taking_part}"] = round(graph_time_us(step) / len(made), 1)
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, nargs="+", default=[32, 256, 768, 1536])
     parser.add_argument("--layers", type=int, default=4, help="distinct blocks a graph runs (beyond the L2)")
     parser.add_argument("--sweep", type=int, nargs="*", metavar="TOKENS",
                         help="sweep the tiles at these token counts (of --tokens)")
+    parser.add_argument("--decode", type=int, nargs="*", default=[], metavar="ROWS",
+                        help="time decode steps of these row counts, fused against grouped")
     parser.add_argument("--int4", action="store_true")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     dtype = torch.bfloat16
-    result: dict = {"blocks": {}, "us_per_layer": {}, "x_layers_ms": {}, "sort_us": {}, "sweep": {}}
+    result: dict = {"blocks": {}, "us_per_layer": {}, "x_layers_ms": {}, "sort_us": {}, "sweep": {}, "decode_us": {}}
     if args.int4:
         with torch.inference_mode():
             result["projections_us"] = projection_times(args.tokens)
@@ -149,6 +175,10 @@ def main(argv: list[str] | None = None) -> None:
                         result["sweep"][key + "/int4"] = tile_sweep(quantized[0], tokens, INT4_TILES, True)
                 print(json.dumps({key: [result[part].get(key) for part in ("blocks", "us_per_layer", "sort_us")]}),
                       flush=True)
+            for rows in args.decode:
+                variants = {"bf16": made, **({"int4": quantized} if quantized else {})}
+                result["decode_us"][f"{stack}/{rows}"] = decode_times(variants, rows)
+                print(json.dumps({f"{stack}/{rows}": result["decode_us"][f"{stack}/{rows}"]}), flush=True)
             del made, quantized
             torch.cuda.empty_cache()
     print(json.dumps(result))

@@ -15,6 +15,10 @@ What:
   the product times the pair's routing weight (the down product) into the pair's own row;
 - `experts` puts these together; each token's top-k rows are summed at the end.
 
+Also a batched decode step of many rows (moe.py's `GROUPED_DECODE_ROWS`): its pairs spread over most experts, and
+a tile of an expert's pairs reads that expert's weights once for all of them, where the single-token kernels read
+them once per pair. Rows sitting the step out (`active`) are left out of the routes: no weights read, zeros out.
+
 Weights are either in the model dtype in the library's layout [E, N, K] (K the inputs), or INT4 packed (int4.py's
 format, dequantized in registers). Every intermediate is rounded to the model dtype where the library rounds it,
 so results differ from the library's only by fp32 summation order inside dot products. Without CUDA and Triton
@@ -59,19 +63,23 @@ class Routes:
     """Pairs (token, k-th choice), numbered token * top_k + k, grouped by expert: at each sorted position, the pair
     (`order` [P]) and its token (`tokens` [P]); `starts` [E + 1] each expert's first sorted position, `tiles` [E + 1]
     each expert's first tile of `block_m` positions. Within an expert the pairs come in no set order (each pair's
-    row is computed alone, so results do not depend on it)."""
+    row is computed alone, so results do not depend on it). `complete` False: some tokens were left out (their
+    pairs are in no expert's range, and `order` and `tokens` are unset past the pairs placed)."""
     order: torch.Tensor
     tokens: torch.Tensor
     starts: torch.Tensor
     tiles: torch.Tensor
     block_m: int
+    complete: bool = True
 
 
-def route(selected: torch.Tensor, experts: int, block_m: int | None = None) -> Routes:
-    """`selected` [T, k]: each token's chosen experts (as the library's router gives them). A counting sort in two
-    kernels over blocks of pairs: each block's histogram added to the counts, then each pair put at its expert's
-    next free position (PyTorch's radix sort of the ids and the counts around it were eight kernels and 50-70 us a
-    Thinker layer at 768 positions on the H200)."""
+def route(selected: torch.Tensor, experts: int, block_m: int | None = None,
+          active: torch.Tensor | None = None) -> Routes:
+    """`selected` [T, k]: each token's chosen experts (as the library's router gives them); `active` [T] (bool or
+    int, on the device): tokens whose 0 leaves their pairs out. A counting sort in two kernels over blocks of pairs:
+    each block's histogram added to the counts, then each pair put at its expert's next free position (PyTorch's
+    radix sort of the ids and the counts around it were eight kernels and 50-70 us a Thinker layer at 768 positions
+    on the H200)."""
     ids = selected.reshape(-1)
     pairs, top_k = ids.numel(), selected.shape[-1]
     block_m = block_m or block_m_for(pairs, experts)
@@ -79,18 +87,21 @@ def route(selected: torch.Tensor, experts: int, block_m: int | None = None) -> R
     starts, tiles = (torch.empty(experts + 1, dtype=torch.int32, device=ids.device) for _ in range(2))
     counts = torch.zeros(2, experts, dtype=torch.int32, device=ids.device)  # pairs per expert; pairs placed so far
     grid, e_pow2 = (-(-pairs // ROUTE_BLOCK),), triton.next_power_of_2(experts)
-    _COUNT_KERNEL[grid](ids, counts, pairs, E=experts, E_POW2=e_pow2, BLOCK=ROUTE_BLOCK)
-    _PLACE_KERNEL[grid](ids, counts, order, tokens, starts, tiles, pairs, TOP_K=top_k, E=experts, E_POW2=e_pow2,
-                        BLOCK_M=block_m, BLOCK=ROUTE_BLOCK)
-    return Routes(order, tokens, starts, tiles, block_m)
+    skip = active is not None
+    flags = active if skip else ids  # (a placeholder where there are none, never read)
+    _COUNT_KERNEL[grid](ids, flags, counts, pairs, TOP_K=top_k, E=experts, E_POW2=e_pow2, SKIP=skip, BLOCK=ROUTE_BLOCK)
+    _PLACE_KERNEL[grid](ids, flags, counts, order, tokens, starts, tiles, pairs, TOP_K=top_k, E=experts,
+                        E_POW2=e_pow2, SKIP=skip, BLOCK_M=block_m, BLOCK=ROUTE_BLOCK)
+    return Routes(order, tokens, starts, tiles, block_m, complete=not skip)
 
 
-def experts(x: torch.Tensor, selected: torch.Tensor, routing: torch.Tensor, gate_up, down) -> torch.Tensor:
+def experts(x: torch.Tensor, selected: torch.Tensor, routing: torch.Tensor, gate_up, down,
+            active: torch.Tensor | None = None) -> torch.Tensor:
     """A MoE block's experts: x [T, H], the router's `selected` and `routing` weights [T, k]; `gate_up` [E, 2I, H]
     and `down` [E, H, I], each a tensor or an int4.Int4Weight. -> [T, H] in x's dtype, as the library's
-    `experts(x, selected, routing)`."""
+    `experts(x, selected, routing)`; tokens whose `active` [T] is 0 get zeros and read no weights."""
     tokens, top_k = selected.shape
-    routes = route(selected, gate_up.shape[0])
+    routes = route(selected, gate_up.shape[0], active=active)
     h = matmul(x, gate_up, routes, routes.tokens, routes.order, gated=True)  # [P, I], rows in pair order
     y = matmul(h, down, routes, routes.order, routes.order, routing=routing.reshape(-1))  # [P, H], weighted
     return y.view(tokens, top_k, -1).sum(dim=1)  # (the library's sum: fp32 inside, rounded once)
@@ -112,7 +123,7 @@ def matmul(x: torch.Tensor, weight, routes: Routes, src: torch.Tensor, dst: torc
     tiles = count // block_m + experts_count  # at most; programs past the last tile return
     block_n, block_k, warps, stages = TILES.get((k, n, gated, quant, block_m), DEFAULT_TILE)
     block_k = group // 2 if quant else min(block_k, triton.next_power_of_2(k))
-    out = torch.empty(count, n, dtype=x.dtype, device=x.device)
+    out = (torch.empty if routes.complete else torch.zeros)(count, n, dtype=x.dtype, device=x.device)  # rows unset: 0
     _KERNEL[(tiles, -(-n // block_n))](
         x, src, dst, routing if routing is not None else x, routes.starts, routes.tiles, w, scale, offset, out, n,
         w.stride(0), scale.stride(0) if quant else 0, K=k, E=experts_count,
@@ -126,16 +137,27 @@ _KERNEL = _COUNT_KERNEL = _PLACE_KERNEL = None  # the kernels, where Triton is i
 if triton is not None:
 
     @triton.jit
-    def count_kernel(ids_ptr, counts_ptr, P, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK: tl.constexpr):
+    def _placed(flags_ptr, pair, P, TOP_K: tl.constexpr, SKIP: tl.constexpr):
+        """Which of these pairs are routed: those that exist, and with SKIP those whose token's flag is not 0."""
+        ok = pair < P
+        if SKIP:
+            ok = ok & (tl.load(flags_ptr + pair // TOP_K, mask=ok, other=0) != 0)
+        return ok
+
+    @triton.jit
+    def count_kernel(ids_ptr, flags_ptr, counts_ptr, P, TOP_K: tl.constexpr, E: tl.constexpr, E_POW2: tl.constexpr,
+                     SKIP: tl.constexpr, BLOCK: tl.constexpr):
         """counts[0, e] += this block's pairs of expert e."""
         pair = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + pair, mask=pair < P, other=E_POW2).to(tl.int32)  # (E_POW2: no expert's)
+        ok = _placed(flags_ptr, pair, P, TOP_K, SKIP)
+        ids = tl.load(ids_ptr + pair, mask=ok, other=E_POW2).to(tl.int32)  # (E_POW2: no expert's)
         e = tl.arange(0, E_POW2)
         tl.atomic_add(counts_ptr + e, tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0), mask=e < E)
 
     @triton.jit
-    def place_kernel(ids_ptr, counts_ptr, order_ptr, tokens_ptr, starts_ptr, tiles_ptr, P, TOP_K: tl.constexpr,
-                     E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    def place_kernel(ids_ptr, flags_ptr, counts_ptr, order_ptr, tokens_ptr, starts_ptr, tiles_ptr, P,
+                     TOP_K: tl.constexpr, E: tl.constexpr, E_POW2: tl.constexpr, SKIP: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
         """Each pair of this block at its expert's start plus the pairs placed before it (counts[1], atomics:
         the order within an expert is whatever the atomics give). Block 0 also writes starts and tiles."""
         e = tl.arange(0, E_POW2)
@@ -147,7 +169,7 @@ if triton is not None:
             tl.store(starts_ptr + e, 0, mask=e == 0)
             tl.store(tiles_ptr + e, 0, mask=e == 0)
         pair = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        ok = pair < P
+        ok = _placed(flags_ptr, pair, P, TOP_K, SKIP)
         ids = tl.load(ids_ptr + pair, mask=ok, other=0).to(tl.int32)
         start = tl.sum(tl.where(e[None, :] == ids[:, None], (ends - counts)[None, :], 0), axis=1)
         position = start + tl.atomic_add(counts_ptr + E + ids, 1, mask=ok)

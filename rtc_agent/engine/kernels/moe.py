@@ -21,9 +21,11 @@ product, the routing-weight scale, the shared-expert gate), so results differ fr
 summation order inside dot products: most elements are bit-identical, the rest one bf16 step away.
 
 Where: `install(model)` patches the MoE blocks' `forward`; on CUDA with Triton present, this path is taken for one
-position per row (a decode step, one row per session, up to `MAX_DECODE_ROWS` rows), and more positions (prefill)
-take the library's router and grouped.py's experts; the CPU calls the library's forward unchanged. With INT4
-experts (int4.py) the same kernels read the packed weights (`QUANT`).
+position per row (a decode step, one row per session) below `GROUPED_DECODE_ROWS` rows (the Talker's blocks: 24).
+More positions (prefill), and decode steps of more rows, take the library's router and grouped.py's experts: from
+about 16 rows a step's pairs spread over most experts, and grouped.py reads each chosen expert's weights once for
+all its pairs where these kernels read them once per pair. The CPU calls the library's forward unchanged. With
+INT4 experts (int4.py) the same kernels read the packed weights (`QUANT`).
 `experts_torch` is the experts' math in plain PyTorch (gather + bmm), a reference for the CPU test; the Triton
 kernels themselves are tested on the CPU under Triton's interpreter (tests/test_moe.py).
 """
@@ -90,17 +92,26 @@ def _supported(block: nn.Module) -> bool:
         and experts_count & (experts_count - 1) == 0
 
 
-MAX_DECODE_ROWS = 32  # a batched decode step of up to this many sessions (one position each) takes the fused path
+# A batched decode step (one position a row) of this many rows or more takes grouped.py's experts; a block with a
+# shared expert (the Talker's, whose shared expert and router the grouped path runs as the library's modules) from
+# GROUPED_DECODE_ROWS_SHARED. A block in a CUDA graph on the H200, µs, fused / grouped, every row taking part (every
+# other one): Thinker 8 rows 149 / 159 (97 / 118), 16 rows 254 / 226 (172 / 165), 24 rows 357 / 267 (245 / 206);
+# INT4 16 rows 324 / 208, 24 rows 474 / 245; Talker 16 rows 117 / 115 (86 / 109), 24 rows 166 / 128 (121 / 121)
+# (`python -m rtc_agent.engine.checks.grouped --int4 --decode 8 16 24`; docs/PERFORMANCE.md, thirty-sixth session).
+GROUPED_DECODE_ROWS = 16
+GROUPED_DECODE_ROWS_SHARED = 24
 
 
 def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """Forward of a patched MoE block on CUDA: the fused path for one position per row (a decode step, batched over
-    sessions), the library's router and grouped.py's experts for more (prefill); the library's forward elsewhere."""
+    sessions) below GROUPED_DECODE_ROWS rows (the Talker's: GROUPED_DECODE_ROWS_SHARED), the library's router and
+    grouped.py's experts for more rows or more positions (prefill); the library's forward elsewhere."""
     if not (self._fast_path and hidden_states.is_cuda and _KERNELS is not None):
         return self._library_forward(hidden_states)
-    if hidden_states.shape[1] == 1 and hidden_states.shape[0] <= MAX_DECODE_ROWS:
+    grouped_from = GROUPED_DECODE_ROWS_SHARED if hasattr(self, "shared_expert") else GROUPED_DECODE_ROWS
+    if hidden_states.shape[1] == 1 and hidden_states.shape[0] < grouped_from:
         return fused_forward(self, hidden_states)
-    return moe_forward(self, hidden_states, experts_grouped)
+    return moe_forward(self, hidden_states, experts_grouped, active=_active_rows(hidden_states))
 
 
 ROUTE_IN_KERNEL = True  # False: the library's router module (softmax, topk, ... as separate kernels) decides
@@ -109,16 +120,23 @@ _ACTIVE: torch.Tensor | None = None  # the batched decode step's rows that take 
 
 @contextlib.contextmanager
 def skipping_rows(active: torch.Tensor) -> Iterator[None]:
-    """Within it, fused MoE blocks leave out the rows whose `active` [rows] (bool or int, on the device; the same
+    """Within it, patched MoE blocks leave out the rows whose `active` [rows] (bool or int, on the device; the same
     tensor at every replay of a graph captured inside) is 0: a row that sits a batched decode step out reads no
-    expert weights and gets zeros. Why: with callers in slots 0-23 and three of them answering, a step's experts
-    were read for 24 rows; the expert weights are most of a decode step's memory traffic."""
+    expert weights and gets zeros (in the fused path and in grouped.py's). Why: with callers in slots 0-23 and
+    three of them answering, a step's experts were read for 24 rows; the expert weights are most of a decode step's
+    memory traffic."""
     global _ACTIVE
     previous, _ACTIVE = _ACTIVE, active
     try:
         yield
     finally:
         _ACTIVE = previous
+
+
+def _active_rows(hidden_states: torch.Tensor) -> torch.Tensor | None:
+    """The flags of `skipping_rows` where they apply to this input: a decode step (one position) of their rows."""
+    batch, length, _ = hidden_states.shape
+    return _ACTIVE if _ACTIVE is not None and _ACTIVE.shape[0] == batch and length == 1 else None
 
 
 def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel: bool | None = None) -> torch.Tensor:
@@ -129,7 +147,7 @@ def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel
     batch, length, hidden = hidden_states.shape
     x = hidden_states.reshape(-1, hidden)
     shared = {"shared": getattr(block, "shared_expert", None), "shared_gate": getattr(block, "shared_expert_gate", None)}
-    active = _ACTIVE if _ACTIVE is not None and _ACTIVE.shape[0] == batch and length == 1 else None
+    active = _active_rows(hidden_states)
     if ROUTE_IN_KERNEL if route_in_kernel is None else route_in_kernel:
         logits = F.linear(x, block.gate.weight)
         out = _launch(block.experts, x, block.gate.top_k, logits=logits, norm=block.gate.norm_topk_prob,
@@ -141,16 +159,23 @@ def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel
     return out.view(batch, length, hidden)
 
 
-def moe_forward(block: nn.Module, hidden_states: torch.Tensor, experts_fn) -> torch.Tensor:
+def moe_forward(block: nn.Module, hidden_states: torch.Tensor, experts_fn,
+                active: torch.Tensor | None = None) -> torch.Tensor:
     """The library block's forward (Thinker's, or Talker's with its shared expert) with `experts_fn` in place of
-    `block.experts(...)`: the library's router, then `experts_fn(experts, x, selected, weights)`."""
+    `block.experts(...)`: the library's router, then `experts_fn(experts, x, selected, weights)`. `active` [tokens]
+    (`skipping_rows`' flags): passed on as `experts_fn(..., active=active)`, and the tokens whose 0 get zeros."""
     batch, length, hidden = hidden_states.shape
     x = hidden_states.view(-1, hidden)
     shared = block.shared_expert(x) if hasattr(block, "shared_expert") else None
     _, routing_weights, selected = block.gate(x)
-    out = experts_fn(block.experts, x, selected, routing_weights)
+    if active is None:
+        out = experts_fn(block.experts, x, selected, routing_weights)
+    else:
+        out = experts_fn(block.experts, x, selected, routing_weights, active=active)
     if shared is not None:
         out = out + F.sigmoid(block.shared_expert_gate(x)) * shared
+        if active is not None:  # (the routed experts' part is zeros there already)
+            out = torch.where(active.view(-1, 1) != 0, out, 0)
     return out.reshape(batch, length, hidden)
 
 
@@ -167,12 +192,12 @@ def experts_torch(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, w
     return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
 
-def experts_grouped(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor,
-                    weights: torch.Tensor) -> torch.Tensor:
+def experts_grouped(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
+                    active: torch.Tensor | None = None) -> torch.Tensor:
     """grouped.py's experts for many positions, on the library's weights or INT4 ones."""
-    if isinstance(experts, Int4Experts):
-        return experts(x, selected, weights)
-    return grouped.experts(x, selected, weights, experts.gate_up_proj, experts.down_proj)
+    quant = isinstance(experts, Int4Experts)
+    gate_up, down = (experts.gate_up, experts.down) if quant else (experts.gate_up_proj, experts.down_proj)
+    return grouped.experts(x, selected, weights, gate_up, down, active)
 
 
 def experts_triton(experts: nn.Module, x: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
