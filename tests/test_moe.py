@@ -67,11 +67,6 @@ def test_install_keeps_library_path_off_cuda():
     assert all(b._fast_path == moe._supported(b) for b in _blocks(model))
 
 
-def grouped_decode(block, x):
-    """What `moe.block_forward` runs for a decode step of GROUPED_DECODE_ROWS rows or more."""
-    return moe.moe_forward(block, x, moe.experts_grouped, active=moe._active_rows(x))
-
-
 def skipped_rows_differences(path) -> tuple[float, float]:
     """Rows that sit a step out (`moe.skipping_rows`): (largest |path - path without skipping| on the rows that
     take part, largest |output| on the rows left out) over every MoE block, 4 rows, flags as bool and as long."""
@@ -94,11 +89,11 @@ def skipped_rows_differences(path) -> tuple[float, float]:
 _INTERPRETER_CHECK = """
 import sys, torch
 sys.path.insert(0, {tests!r})
-from test_moe import grouped_decode, max_differences, skipped_rows_differences
+from test_moe import max_differences, skipped_rows_differences
 from rtc_agent.engine.kernels import moe
 assert moe._KERNELS is not None
 paths = (lambda b, x: moe.moe_forward(b, x, moe.experts_triton), moe.fused_forward)  # library router; fused
-print(*skipped_rows_differences(moe.fused_forward), *skipped_rows_differences(grouped_decode),
+print(*skipped_rows_differences(moe.fused_forward), *skipped_rows_differences(moe.grouped_forward),
       *(max(max_differences(dtype, path)) for path in paths for dtype in (torch.float32, torch.bfloat16)))
 """
 

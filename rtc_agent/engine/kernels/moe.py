@@ -111,7 +111,12 @@ def block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     grouped_from = GROUPED_DECODE_ROWS_SHARED if hasattr(self, "shared_expert") else GROUPED_DECODE_ROWS
     if hidden_states.shape[1] == 1 and hidden_states.shape[0] < grouped_from:
         return fused_forward(self, hidden_states)
-    return moe_forward(self, hidden_states, experts_grouped, active=_active_rows(hidden_states))
+    return grouped_forward(self, hidden_states)
+
+
+def grouped_forward(block: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The library's router and grouped.py's experts, leaving out a decode step's rows that sit it out."""
+    return moe_forward(block, hidden_states, experts_grouped, active=_active_rows(hidden_states))
 
 
 ROUTE_IN_KERNEL = True  # False: the library's router module (softmax, topk, ... as separate kernels) decides
