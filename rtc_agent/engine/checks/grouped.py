@@ -1,4 +1,5 @@
-"""Checks and times grouped.py's prefill experts against the library's on full-size MoE blocks alone (GPU).
+"""Checks and times grouped.py's experts (prefill, and decode steps of many rows) against the library's and moe.py's
+fused decode kernels on full-size MoE blocks alone (GPU).
 
     python -m rtc_agent.engine.checks.grouped [--tokens 32 256 768 1536] [--sweep 32 768] [--decode 8 16 24] [--int4]
 

@@ -16,9 +16,10 @@ directly (their errors are not averaged out), and the Talker's small dense parts
 int4 kernels measured slower than the library's bf16 ones for 0.14 GB saved (docs/PERFORMANCE.md).
 
 Kernels (Triton): grouped.py's matmul over rows grouped by expert (`tl.dot` on tiles dequantized in registers)
-for the experts in prefill; `rows_kernel`, dot products of a few rows (a decode step, one row per session) with
-many small blocks of weight rows, so that a step's few rows still spread over the whole GPU; moe.py's single-token
-MoE kernels read the same packed format for decode (`rows_dot`). Linear layers over more rows (prefill) unpack
+for the experts in prefill and in decode steps of 16 rows or more; `rows_kernel`, dot products of a few rows (a
+decode step, one row per session) with many small blocks of weight rows, so that a step's few rows still spread
+over the whole GPU; moe.py's single-token MoE kernels read the same packed format for smaller decode steps
+(`rows_dot`). Linear layers over more rows (prefill) unpack
 their weight into a scratch copy in the model dtype (`unpacked`) for the library's GEMM: a product on tiles
 dequantized in registers dequantizes the weight again for every tile of rows, and took twice as long (the
 Thinker's q projection at 768 rows 44 against 26 µs on the H200; docs/PERFORMANCE.md, thirty-fifth session).
