@@ -148,6 +148,21 @@ class RecordingEngine:
         return session
 
 
+class SeededEngine:
+    """The shared tiny engine, its sessions' sampling seeded (for `server(engine_=SeededEngine())`): for tests
+    that need an answer still speaking a while after it starts, which the random tiny Talker, unseeded, ends at
+    its first frames now and then (codec EOS)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.engine, self.seed = engine(), seed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def new_session(self, options: Any) -> Any:
+        return self.engine.new_session(dataclasses.replace(options, seed=self.seed))
+
+
 def settings(**overrides: Any) -> Settings:
     """Test server settings; turns are server_vad's fixed silence unless a test asks for semantic_vad."""
     turn = {"turn_detection": "server_vad"}

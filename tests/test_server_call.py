@@ -12,8 +12,8 @@ from rtc_agent.client.microphone import Microphone
 from rtc_agent.client.peer import Call
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import (CALL_TOKENS, TOOLS, RecordingEngine, caller, engine, metric, metrics_text, needs_espeak,
-                         run, say, server, valid_call, wait_ready)
+from rtc_support import (CALL_TOKENS, TOOLS, RecordingEngine, SeededEngine, caller, engine, metric, metrics_text,
+                         needs_espeak, run, say, server, valid_call, wait_ready)
 
 pytestmark = [needs_espeak, pytest.mark.timeout(180)]
 
@@ -80,7 +80,7 @@ def test_one_turn_gets_a_spoken_answer_in_80ms_packets_with_events_in_order() ->
 
 def test_two_turns_then_response_cancel() -> None:
     async def main() -> None:
-        async with server(max_answer_s=6.0) as (url, _), caller(url) as (call, mic):
+        async with server(SeededEngine(), max_answer_s=6.0) as (url, _), caller(url) as (call, mic):
             await say(call, mic, "Hello, how are you?")
             first = (await call.next_event("response.done", timeout_s=30))["response"]
             assert first["status"] == "completed"
@@ -101,7 +101,7 @@ def test_two_turns_then_response_cancel() -> None:
 
 def test_barge_in_cuts_the_answer_and_becomes_the_next_turn() -> None:
     async def main() -> None:
-        async with server(max_answer_s=8.0) as (url, _), caller(url) as (call, mic):
+        async with server(SeededEngine(), max_answer_s=8.0) as (url, _), caller(url) as (call, mic):
             await say(call, mic, "Please tell me everything about Paris.")
             await wait_state(call, "speaking")
             await asyncio.sleep(0.8)
