@@ -75,12 +75,17 @@ class Settings:
     # every call's verdicts batched; overflow: media, a process's decisions beyond one at a time on the engine;
     # auto: overflow on a GPU, else media (README: Turn-taking)
     last_words: bool = False  # semantic_vad also hears the turn's last words (README: Turn-taking; off: why there)
+    # captions of the caller's words on the page's calls (/api/offer): on, off, or auto (on where the speech
+    # recogniser is installed; build_settings decides); /v1 calls follow their session's transcription setting
+    transcription: str = "auto"
     web_dir: str = str(WEB_DIR)
     log_level: str = "INFO"
     # not a setting: build_settings says here why turn.turn_detection is server_vad when none was asked for (the
     # end-of-turn model of the default, semantic_vad, is not installed); the log, /api/config and session.created
     # repeat it
     turn_detection_note: str | None = None
+    # not a setting: why transcription is off when it was not asked for by name (the recogniser is not installed)
+    transcription_note: str | None = None
 
     @property
     def scheme(self) -> str:
@@ -88,7 +93,7 @@ class Settings:
 
 
 _TURN_FIELDS = {f.name: f for f in dataclasses.fields(TurnSettings)}
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("turn", "turn_detection_note")}
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("turn", "turn_detection_note", "transcription_note")}
 
 
 def _convert(value: Any, default: Any, name: str) -> Any:
@@ -146,7 +151,21 @@ def build_settings(
     turn = {k: _convert(v, _TURN_FIELDS[k].default, k) for k, v in values.items() if k in _TURN_FIELDS}
     settings = Settings(**top, turn=TurnSettings(**turn))
     validate(settings)
-    return settings if "turn_detection" in turn else _installed_turn_detection(settings)
+    settings = settings if "turn_detection" in turn else _installed_turn_detection(settings)
+    return _installed_transcription(settings)
+
+
+def _installed_transcription(settings: Settings) -> Settings:
+    """transcription auto: on where the speech recogniser is installed, else off with a note saying why (on asked
+    for by name without it: validate refuses)."""
+    if settings.transcription != "auto":
+        return settings
+    from .media import moonshine
+
+    if moonshine.installed():
+        return dataclasses.replace(settings, transcription="on")
+    note = f"transcription: off, because the speech recogniser is not installed; {moonshine.INSTALL_HINT}"
+    return dataclasses.replace(settings, transcription="off", transcription_note=note)
 
 
 def _installed_turn_detection(settings: Settings) -> Settings:
@@ -165,6 +184,7 @@ def _installed_turn_detection(settings: Settings) -> Settings:
 
 QUANTIZE_CHOICES = ("none", "int4", "auto")
 END_OF_TURN_CHOICES = ("auto", "media", "overflow", "engine")  # (engine/options.py's, without importing torch)
+TRANSCRIPTION_CHOICES = ("on", "off", "auto")
 
 
 def validate(s: Settings) -> None:
@@ -179,6 +199,13 @@ def validate(s: Settings) -> None:
 
         if not last_words.installed():
             raise ValueError(f"--last-words needs its models: {last_words.INSTALL_HINT}")
+    if s.transcription not in TRANSCRIPTION_CHOICES:
+        raise ValueError(f"transcription must be one of {', '.join(TRANSCRIPTION_CHOICES)}, not {s.transcription!r}")
+    if s.transcription == "on":
+        from .media import moonshine
+
+        if not moonshine.installed():
+            raise ValueError(f"--transcription on needs the speech recogniser: {moonshine.INSTALL_HINT}")
     if s.end_of_turn_on not in END_OF_TURN_CHOICES:
         raise ValueError(f"end_of_turn_on must be one of {', '.join(END_OF_TURN_CHOICES)}, not {s.end_of_turn_on!r}")
     if not 0.08 <= s.max_answer_s <= 600:
@@ -314,6 +341,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="semantic_vad also transcribes each pause's last words and asks a language model whether a "
                         "sentence can end there (pip install 'rtc-agent[last-words]'; off by default: README, "
                         "Turn-taking)")
+    p.add_argument("--transcription", choices=("on", "off"),
+                   help="live captions of the caller's words on the page's calls (input_audio_transcription events; "
+                        "default: on where the speech recogniser is installed; /v1 calls follow their session's "
+                        "audio.input.transcription)")
     p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 

@@ -26,7 +26,7 @@ import logging
 import math
 import secrets
 import time
-from typing import Any, AsyncIterator, Callable, Coroutine, Protocol
+from typing import Any, AsyncIterator, Callable, Coroutine, Literal, Protocol
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from .engine.options import PREPARE_AFTER_SILENCE_MS
 from .engine.events import (Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
                             ToolCallStarted)
 from .engine.tools import ToolSet
+from .media.captions import CaptionPool, Captions, Transcription
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
 from .media.outbound import PACKET_S, AnswerOutput, Playout
 from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
@@ -43,6 +44,7 @@ from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 log = logging.getLogger(__name__)
 NO_SEMANTIC_VAD = "semantic_vad is not available on this server (the end-of-turn model is not installed)"
 NO_SPEECH = "this server answers in text only (it runs without the Talker: --no-talker)"
+NO_TRANSCRIPTION = "transcription is not available on this server (the speech recogniser is not installed)"
 MAX_PUSHES_IN_FLIGHT = 4  # audio pushes sent to the engine and not yet taken in (32 ms of audio each, as it comes)
 
 
@@ -156,7 +158,11 @@ class Conversation:
         end_of_turn: EndOfTurnScorer | None = None,
         speech: bool = True,
         loop_lag_since: Callable[[float], float | None] | None = None,
+        captions: CaptionPool | None = None,
+        transcription: Transcription | None = None,
     ) -> None:
+        """`captions`: the process's speech recogniser (None: not installed); `transcription`: whether this call's
+        caller gets captions of their words (conversation.item.input_audio_transcription.*)."""
         self.session = session
         self.speech_available = speech  # False: the engine has no Talker (--no-talker); every answer is text
         self.text_only = not speech  # this call's answers are text (session.update's output_modalities)
@@ -170,6 +176,10 @@ class Conversation:
         self._scorer = end_of_turn
         self._loop_lag_since = loop_lag_since  # the server's event loop: largest lateness since a time (LoopLag)
         self._semantic: SemanticTurn | None = None  # the end-of-turn model's decisions (semantic_vad)
+        self._caption_pool = captions
+        self.transcription: Transcription | None = None
+        self._captions: Captions | None = None  # the caller's words (while transcription is on)
+        self._item_id: str | None = None  # the caller's turn in progress: its conversation item
         self._detector = TurnDetector(turn.vad_threshold, turn.silence_ms, turn.min_speech_ms)
         self._use_turn_settings(turn)
         self._unpushed: collections.deque[Audio] = self._preroll()
@@ -194,6 +204,7 @@ class Conversation:
         # where a turn's audio_in_ms and first packet went (response.done's metrics)
         self._pushed_times: tuple[float, ...] = ()
         self._prepared_times: tuple[float, ...] = ()
+        self.set_transcription(transcription)
 
     # ---- caller audio -------------------------------------------------------------------------------------
     def feed(self, samples: np.ndarray) -> None:
@@ -215,6 +226,10 @@ class Conversation:
         elif self._in_turn and (self._detector.active or signal in (Signal.ENDED, Signal.FALSE_START)):
             chunks = [*self._unpushed, chunk]  # (the pre-roll when push-to-talk speech resumes)
             self._unpushed.clear()
+            if self._captions is not None:
+                speaking = self._detector.active and not self._detector.silence_run_ms
+                for c in chunks:
+                    self._captions.add(c.samples, speaking)
             if self._paused is None:
                 self._push(chunks)
             elif self._detector.active and not self._detector.silence_run_ms:  # speech again: the turn goes on
@@ -236,6 +251,8 @@ class Conversation:
         elif signal is Signal.FALSE_START and not self._turn_confirmed:
             self._in_turn = False
             self._ops.put_nowait(AbortTurn())
+            if self._captions is not None:
+                self._captions.drop()
         elif signal is Signal.ENDED:
             self._speech_over(self._detector.end_silence_ms)
         elif self._semantic is not None and self._turn_confirmed and self._detector.active:
@@ -243,7 +260,7 @@ class Conversation:
 
     def _speech_over(self, wait_ms: int) -> None:
         """The caller's speech ended `wait_ms` ago (the hang-over, or when the end-of-turn model said so)."""
-        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms - wait_ms)
+        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms - wait_ms, item_id=self._item_id)
         if self.turn.auto:
             self._end_turn(hangover_ms=wait_ms)
 
@@ -276,13 +293,18 @@ class Conversation:
         self._paused = None
         self._speech_start_ms = self._clock_ms - CHUNK_MS if start_ms is None else start_ms
         self._unpushed.clear()
+        self._item_id = f"item_{secrets.token_hex(8)}"
         if self._semantic is not None:
             self._semantic.start([])
+        if self._captions is not None:
+            self._captions.begin(self._item_id, [c.samples for c in chunks])
         self._push(chunks)
 
     def _confirm_turn(self) -> None:
         self._turn_confirmed = True
-        self._emit("input_audio_buffer.speech_started", audio_start_ms=self._speech_start_ms)
+        if self._captions is not None:
+            self._captions.confirm()
+        self._emit("input_audio_buffer.speech_started", audio_start_ms=self._speech_start_ms, item_id=self._item_id)
 
     def _push(self, chunks: list[Audio], end_of_turn_model: bool = True) -> None:
         """Chunks received one after the other (a run never has a gap) go to the engine at their own time (and to
@@ -312,13 +334,22 @@ class Conversation:
         self._in_turn = self._turn_confirmed = False
         self._paused = None  # the pause's silence is left out of the turn: it is over
         end_of_turn = self._end_of_turn_metrics(hangover_ms)
+        committed = self._committed()
         if not respond:
             self._input_waiting = True
-            self._emit("input_audio_buffer.committed")
+            self._emit("input_audio_buffer.committed", **committed)
             return
-        self._start_answer(hangover_ms or 0, committed=True, end_of_turn=end_of_turn)
+        self._start_answer(hangover_ms or 0, committed=committed, end_of_turn=end_of_turn)
 
-    def _start_answer(self, hangover_ms: int = 0, committed: bool = False,
+    def _committed(self) -> dict[str, Any]:
+        """input_audio_buffer.committed's fields for the turn just over: its item, and with captions on, its
+        parts' transcripts as they stand (None: on its way; each comes in its own `completed` event)."""
+        fields: dict[str, Any] = {"item_id": self._item_id}
+        if self._captions is not None:
+            fields["transcripts"] = self._captions.end()
+        return fields
+
+    def _start_answer(self, hangover_ms: int = 0, committed: dict[str, Any] | None = None,
                       end_of_turn: dict[str, Any] | None = None) -> None:
         now = time.monotonic()
         self._input_waiting = False
@@ -327,8 +358,8 @@ class Conversation:
         self._answer = answer
         self._detector.min_speech_ms = self.turn.barge_in_ms
         self._set_state(State.THINKING)
-        if committed:
-            self._emit("input_audio_buffer.committed")
+        if committed is not None:
+            self._emit("input_audio_buffer.committed", **committed)
         self._emit("response.created", response={"id": answer.id, "status": "in_progress",
                                                  "output_modalities": ["text"] if answer.text_only else ["audio"]})
         self._ops.put_nowait(answer)
@@ -353,6 +384,8 @@ class Conversation:
             self._in_turn = self._turn_confirmed = False
             self._detector.reset()
             self._ops.put_nowait(AbortTurn())
+            if self._captions is not None:
+                self._captions.drop()
         self._unpushed.clear()
         self._paused = None
         self._emit("input_audio_buffer.cleared")
@@ -398,6 +431,23 @@ class Conversation:
         """An answer is being thought or spoken (and not already cut)."""
         return self._answer is not None and self.state != State.INTERRUPTED
 
+    def set_transcription(self, transcription: Transcription | None) -> None:
+        """Captions of the caller's words on (from the next turn) or off (at once). ValueError where this server
+        has no recogniser."""
+        if transcription is not None and self._caption_pool is None:
+            raise ValueError(NO_TRANSCRIPTION)
+        self.transcription = transcription
+        if transcription is None and self._captions is not None:
+            self._captions.close()
+            self._captions = None
+        elif transcription is not None and self._captions is None and self._caption_pool is not None:
+            self._captions = Captions(self._caption_pool, self._emit)
+
+    def input_lost(self) -> None:
+        """The caller's audio stopped coming (the connection died): the caption being spoken completes."""
+        if self._captions is not None:
+            self._captions.flush()
+
     def use_track(self, track: AnswerOutput) -> None:
         """Answers go out on `track` from now on (a resumed call's new peer connection)."""
         self.track = track
@@ -415,15 +465,20 @@ class Conversation:
             raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
 
     def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None,
-               text_only: bool | None = None, tools: ToolSet | None = None) -> None:
-        """session.update; the voice, instructions, output (`text_only`) and tools apply from the next answer
-        (ValueError on bad values: then nothing changes)."""
+               text_only: bool | None = None, tools: ToolSet | None = None,
+               transcription: Transcription | Literal["off"] | None = None) -> None:
+        """session.update; the voice, instructions, output (`text_only`) and tools apply from the next answer,
+        transcription ("off", or on) from the next turn (ValueError on bad values: then nothing changes)."""
         changes: dict[str, Any] = {k: v for k, v in (("voice", voice), ("instructions", instructions), ("tools", tools))
                                    if v is not None}
         if turn is not None and turn.auto and turn.turn_detection == "semantic_vad" and self._scorer is None:
             raise ValueError(NO_SEMANTIC_VAD)
         if text_only is False and not self.speech_available:
             raise ValueError(NO_SPEECH)
+        if isinstance(transcription, Transcription) and self._caption_pool is None:
+            raise ValueError(NO_TRANSCRIPTION)
+        if transcription is not None:
+            self.set_transcription(None if transcription == "off" else transcription)
         if text_only is not None:
             changes["speech"] = not text_only
         if changes:
@@ -714,6 +769,8 @@ class Conversation:
     async def close(self) -> None:
         if self._semantic is not None:
             self._semantic.close()
+        if self._captions is not None:
+            self._captions.close()
         self.track.interrupt()
         worker, self._worker = self._worker, None  # (its CancelledError's traceback refers back to self)
         tasks = [t for t in (worker, *self._side_tasks) if t is not None]

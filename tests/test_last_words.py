@@ -58,7 +58,7 @@ def test_the_last_words_are_heard_only_where_the_server_asks_for_them() -> None:
 def test_the_recogniser_runs_on_float_weights_made_once() -> None:
     import onnx
 
-    from rtc_agent.media.last_words import _as_onnx, model_dir
+    from rtc_agent.media.moonshine import as_onnx as _as_onnx, model_dir
 
     graph = onnx.load_from_string(_as_onnx(model_dir() / "decoder_model_merged.ort")).graph
     weights = {t.name: t for t in graph.initializer}

@@ -164,9 +164,9 @@ def test_websocket_with_the_openai_sdk_speech_text_cancel_barge_in_and_errors() 
                 error = (await rec.until("error")).error
                 assert (error.code, error.param, error.event_id) == ("invalid_value", "audio", "evt_b64")
                 await conn.session.update(session={"type": "realtime", "audio": {"input": {
-                    "transcription": {"model": "whisper-1"}}, "output": {"voice": "aiden"}}})
+                    "noise_reduction": {"type": "near_field"}}, "output": {"voice": "aiden"}}})
                 error = (await rec.until("error")).error
-                assert error.code == "unsupported_value" and error.param == "session.audio.input.transcription"
+                assert error.code == "unsupported_value" and error.param == "session.audio.input.noise_reduction"
                 await conn.send({"type": "response.cancel"})
                 assert (await rec.until("error")).error.code == "response_cancel_not_active"
                 await conn.session.update(session={"type": "realtime"})
@@ -385,6 +385,63 @@ def test_webrtc_call_with_a_client_secret_through_the_openai_sdk() -> None:
                                          headers={"Authorization": f"Bearer {minted.value}"}) as r:
                         assert r.status == 200
                 assert len(app[STATE].sessions) == 0
+
+    run(main(), timeout_s=200)
+
+
+TRANSCRIPTION = {"model": "gpt-4o-transcribe", "language": "en"}  # (the model named is taken and ignored)
+
+
+@needs_espeak
+def test_the_callers_words_through_the_openai_sdk_on_the_websocket_and_a_webrtc_call() -> None:
+    """Off by default, as OpenAI's; session.audio.input.transcription turns it on: deltas and the completed
+    transcript, with the item's id, in the SDK's own event types; a client secret carries the setting to a WebRTC
+    call, whose events come on the data channel."""
+    async def main() -> None:
+        async with server(token=TOKEN, max_answer_s=1.0) as (url, _):
+            await wait_ready(url)
+            async with clients(url, TOKEN).realtime.connect(model="tiny") as conn:
+                rec = Recorder(conn)
+                created = await rec.until("session.created")
+                assert created.session.audio.input.transcription is None
+                await speak(conn, "Hello there.")
+                await rec.until("response.done")
+                assert not [e for e in rec.events if "input_audio_transcription" in e.type]
+
+                await conn.session.update(session={"type": "realtime", "audio": {"input": {
+                    "transcription": {"model": "whisper-1", "language": "fr"}}}})
+                error = (await rec.until("error")).error
+                assert (error.code, error.param) == ("unsupported_value", "session.audio.input.transcription.language")
+                await conn.session.update(session={"type": "realtime",
+                                                   "audio": {"input": {"transcription": TRANSCRIPTION}}})
+                updated = await rec.until("session.updated")
+                assert updated.session.audio.input.transcription.model == "gpt-4o-transcribe"
+                mark = len(rec.events)
+                await speak(conn, "What is the weather like in Paris today?")
+                committed = await rec.until("input_audio_buffer.committed")
+                await rec.until("response.done")
+                completed = [e for e in rec.events[mark:]
+                             if e.type == "conversation.item.input_audio_transcription.completed"]
+                while not completed:
+                    completed.append(await rec.until("conversation.item.input_audio_transcription.completed"))
+                assert type(completed[0]).__name__ == "ConversationItemInputAudioTranscriptionCompletedEvent"
+                assert {e.item_id for e in completed} == {committed.item_id}
+                text = " ".join(e.transcript for e in completed).lower()
+                assert "weather" in text and "paris" in text, text
+                user = next(e.item for e in rec.events[mark:] if e.type == "conversation.item.added"
+                            and e.item.role == "user")
+                assert user.id == committed.item_id and user.content[0].type == "input_audio"
+
+            minted = await clients(url, TOKEN).realtime.client_secrets.create(session={
+                "type": "realtime", "audio": {"input": {"transcription": TRANSCRIPTION}}})
+            assert minted.session.audio.input.transcription.model == "gpt-4o-transcribe"
+            async with realtime_call(url, minted.value) as (channel, mic, q, _):
+                seen: list[dict[str, Any]] = []
+                created = (await next_of(q, "session.created", seen))["session"]
+                assert created["audio"]["input"]["transcription"]["model"] == "gpt-4o-transcribe"
+                mic.play(speech("Set a timer for ten minutes please."))
+                done = await next_of(q, "conversation.item.input_audio_transcription.completed", seen)
+                assert "timer" in done["transcript"].lower() and done["content_index"] == 0, done
 
     run(main(), timeout_s=200)
 

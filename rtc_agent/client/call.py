@@ -111,23 +111,40 @@ def _report(call: Call, mic: Microphone, offset: int, spans: list[tuple[int, int
     for i, (start, end) in enumerate(spans):
         t_next = mic.time_at(offset + spans[i + 1][0]) if i + 1 < len(spans) else float("inf")
         turns.append({"speech_end_s": round(end / RATE, 3),
-                      **turn_report(call, mic.time_at(offset + end), t_next, dones[i] if i < len(dones) else None)})
+                      **turn_report(call, mic.time_at(offset + end), t_next, dones[i] if i < len(dones) else None,
+                                    start_at=mic.time_at(offset + start))})
     return {"url": call.url, "session_id": call.session_id, "connected_ms": round(connected_ms, 1), "turns": turns,
             "events": [m["type"] for _, m in call.events]}
 
 
-def turn_report(call: Call, end_at: float, next_at: float, done: dict[str, Any] | None, gap_s: float = GAP_S
-                ) -> dict[str, Any]:
+def turn_report(call: Call, end_at: float, next_at: float, done: dict[str, Any] | None, gap_s: float = GAP_S,
+                start_at: float | None = None) -> dict[str, Any]:
     """One turn as the caller lived it: speech ended at `end_at`, the caller spoke again at `next_at` (both
-    time.monotonic()); `done` is the turn's response.done (None: no answer came)."""
+    time.monotonic()); `done` is the turn's response.done (None: no answer came); `start_at`: when the speech
+    began (for its caption)."""
     heard = call.audio.first_sound_after(end_at, until=next_at)
     return {
         "client_latency_ms": None if heard is None else round((heard - end_at) * 1000, 1),
         "server": done["metrics"] if done else None,
         "status": done["status"] if done else "no answer",
         "transcript": done.get("transcript", "") if done else "",
+        **(caption_report(call, start_at, end_at, next_at) if start_at is not None else {}),
         **answer_gaps(call.audio, end_at, next_at, gap_s),
     }
+
+
+def caption_report(call: Call, start_at: float, end_at: float, next_at: float) -> dict[str, Any]:
+    """The caption of speech said in [start_at, end_at): the completed transcripts that arrived from its start
+    until the next speech, in order; when the last of them came after the speech ended (caption_ms); and how many
+    deltas arrived before it ended."""
+    completed = [(at, m) for at, m in call.events if start_at <= at < next_at
+                 and m["type"] == "conversation.item.input_audio_transcription.completed"]
+    deltas = sum(1 for at, m in call.events if start_at <= at < end_at
+                 and m["type"] == "conversation.item.input_audio_transcription.delta")
+    text = " ".join(m["transcript"] for _, m in completed if m["transcript"])
+    return {"caption": text if completed else None,
+            "caption_ms": round((completed[-1][0] - end_at) * 1000, 1) if completed else None,
+            "caption_deltas_before_end": deltas}
 
 
 def answer_gaps(audio: ReceivedAudio, since: float, until: float, gap_s: float = GAP_S) -> dict[str, Any]:
@@ -178,6 +195,9 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         print(f"turn {i}: {t['status']}; heard after {t['client_latency_ms']} ms "
               f"(server first packet {s.get('ttfp_ms')} ms after turn end, {s.get('frames_sent')} frames, "
               f"{s.get('audio_s')} s; {t['gaps']} gaps in the audio, longest {t['max_gap_ms']} ms)")
+        if t.get("caption") is not None:
+            print(f"  caller: {t['caption']} (caption {t['caption_ms']} ms after the speech, "
+                  f"{t['caption_deltas_before_end']} deltas before its end)")
         if t["transcript"]:
             print(f"  agent: {t['transcript']}")
     p = report["packets"]

@@ -258,8 +258,8 @@ async def _converse(call: Call, mic: Microphone, samples: np.ndarray, spans: lis
     for i, (start_at, end_at) in enumerate(said):
         next_at = said[i + 1][0] if i + 1 < len(said) else float("inf")
         done, cut_ins = answer_done(call, start_at, next_at)
-        turns.append({**turn_report(call, end_at, next_at, done, settings.gap_s), "cut_ins": cut_ins,
-                      "speech_end_monotonic_s": round(end_at, 4)})
+        turns.append({**turn_report(call, end_at, next_at, done, settings.gap_s, start_at=start_at),
+                      "cut_ins": cut_ins, "speech_end_monotonic_s": round(end_at, 4)})
     return failure
 
 

@@ -185,7 +185,7 @@ class EndOfTurnScorer:
         self._engine = engine
         self.local = local
         self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn",
-                                                           initializer=_lower_priority)
+                                                           initializer=lower_priority)
         self._lock = threading.Lock()
         self._running = 0  # decisions running on this process's threads
         self._asked_here: list[_LocalAsk] = []  # decisions asked of this process's threads and still running there
@@ -280,14 +280,14 @@ class EndOfTurnScorer:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)
 
 
-def _lower_priority() -> None:
-    """The calling thread's nice value up by SCORING_NICE. Linux only: there a thread's id names that thread to
+def lower_priority(by: int = SCORING_NICE) -> None:
+    """The calling thread's nice value up by `by`. Linux only: there a thread's id names that thread to
     setpriority (elsewhere it would name a process, or nothing)."""
     if not sys.platform.startswith("linux"):
         return
     thread = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + SCORING_NICE)
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + by)
     except OSError:  # (a sandbox that forbids it: the decisions keep the process's priority)
         pass
 

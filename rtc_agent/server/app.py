@@ -17,7 +17,8 @@ from aiortc import RTCCertificate
 
 from ..config import VOICES, Settings
 from ..loop_lag import freeze_startup_objects
-from ..media import last_words
+from ..media import last_words, moonshine
+from ..media.captions import CaptionPool
 from ..media.end_of_turn import LOCAL_AT_ONCE, EndOfTurnScorer, installed_scorer, model_path, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
 from ..media.outbound import silence_packets
@@ -27,10 +28,10 @@ from .guard import api_guard
 from .limits import Runner, rate_limit_logging
 from .memory_guard import MemoryGuard
 from .metrics import Metrics
-from .protocol import turn_description
+from .protocol import transcription_description, turn_description
 from .realtime_http import add_realtime_routes, realtime_middleware
 from .sessions import Sessions
-from .signaling import hang_up, offer, session_status
+from .signaling import default_transcription, hang_up, offer, session_status
 from .state import STATE, ServerState
 from .turn import turn_ice_servers
 
@@ -92,8 +93,10 @@ async def _load_engine(state: ServerState) -> None:
         if s.turn.turn_detection == "semantic_vad":
             model_path()  # (required: EndOfTurnUnavailable says how to install it, before a model loads for minutes)
         loading = state.engine is None
+        captions = asyncio.create_task(asyncio.to_thread(load_captions, s))  # (beside the engine: it takes seconds)
         if loading:
             state.engine = await asyncio.to_thread(load_engine, s)
+        state.captions = await captions
         slots = state.engine.describe()["max_sessions"]
         state.sessions.max_sessions = min(s.max_sessions, slots) if s.max_sessions else slots
         await asyncio.to_thread(state.vads.preload, state.sessions.max_sessions)
@@ -129,6 +132,18 @@ def warm_up_media(end_of_turn: EndOfTurnScorer | None) -> None:
         end_of_turn.warm_up()
 
 
+def load_captions(s: Settings) -> CaptionPool | None:
+    """The callers' speech recogniser, warmed up (blocking); None where transcription is off or it is not
+    installed (then the log says so, once)."""
+    if s.transcription_note:
+        log.warning("%s", s.transcription_note)
+    if s.transcription == "off" or not moonshine.installed():
+        return None
+    pool = CaptionPool(moonshine.shared())
+    pool.warm_up()
+    return pool
+
+
 def end_of_turn_scorer(s: Settings, engine: Any) -> EndOfTurnScorer | None:
     """The end-of-turn scorer of this process's calls: the engine's verdicts where it scores every turn (on its
     GPU), else this process's model, with the engine's verdicts beyond one decision at a time where it takes the
@@ -158,6 +173,8 @@ async def _end_calls(app: web.Application) -> None:
 
 async def _stop_engine(app: web.Application) -> None:
     app[STATE].metrics.gc_pauses.uninstall()
+    if app[STATE].captions is not None:
+        app[STATE].captions.close()
     tasks = (app[LOADER], app[GUARD], app[LOOP_LAG])
     for task in tasks:
         if not task.done():
@@ -226,6 +243,9 @@ async def client_config(request: web.Request) -> web.Response:
         "token_required": bool(s.token),
         "video": {"fps": s.video_fps, "max_side": s.video_max_side},
         "output_modalities": ["text"] if text_only else ["audio"],  # the page shows text mode
+        # the page's calls' default (null: off), and why it is off where the recogniser is missing
+        "input_audio_transcription": transcription_description(default_transcription(state)),
+        "input_audio_transcription_note": s.transcription_note,
     })
 
 

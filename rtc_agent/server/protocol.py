@@ -9,10 +9,12 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..config import EAGERNESS_LEVELS, VOICES, TurnSettings
 from ..engine.tools import CHOICES, MAX_TOOLS, Tool, ToolSet
+from ..media import moonshine
+from ..media.captions import Transcription
 from . import json_input
 from .errors import ProtocolError
 from .sdp_offer import check_offer
@@ -21,6 +23,9 @@ MAX_INSTRUCTIONS = 8000
 MAX_TOOL_OUTPUT = 8000  # characters of a function's result (it joins the context as the caller's words do)
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_NUMBER = 1e9  # no setting is anywhere near this; it keeps NaN, infinities and 400-digit integers out
+MAX_MODEL_NAME = 200
+OFF = "off"  # a transcription setting turned off (null in JSON; None in an update means unchanged)
+TranscriptionChange = Transcription | Literal["off"] | None
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Offer:
     voice: str | None
     instructions: str | None
     resume_token: str | None = None  # a call's token from session.created: a new connection for that call
+    transcription: TranscriptionChange = None  # input_audio_transcription (None: the server's default)
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class SessionUpdate:
     tools: tuple[Tool, ...] | None = None  # None (here and below): unchanged
     tool_choice: str | None = None  # auto, none, required or a tool's name
     parallel_tool_calls: bool | None = None
+    transcription: TranscriptionChange = None
 
     def tool_set(self, current: ToolSet) -> ToolSet | None:
         """The session's tools after this update (None: unchanged); ProtocolError for a combination the engine
@@ -213,6 +220,32 @@ def function_call_output(item: Any) -> ToolOutput:
     return ToolOutput(call_id, unicode_text(output, "item.output", "item.output"))
 
 
+def transcription_setting(value: Any, param: str) -> Transcription | Literal["off"]:
+    """A transcription setting: null (off) or {"model", "language"?, "prompt"?}. The model is taken and ignored
+    (this server has one recogniser); a language it does not transcribe is refused."""
+    if value is None:
+        return OFF
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_value", f'{param} must be null or {{"model", "language"?, "prompt"?}}', param)
+    unknown = set(value) - {"model", "language", "prompt"}
+    if unknown:
+        raise ProtocolError("unknown_parameter", f"{param}.{sorted(unknown)[0]} is not a transcription setting",
+                            param)
+    model, language, prompt = value.get("model", moonshine.NAME), value.get("language"), value.get("prompt")
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_NAME:
+        raise ProtocolError("invalid_value", f"{param}.model must be a model's name", f"{param}.model")
+    if language is not None and language not in moonshine.LANGUAGES:
+        raise ProtocolError("unsupported_value", f"{param}.language: this server's recogniser ({moonshine.NAME}) "
+                            f"transcribes {', '.join(moonshine.LANGUAGES)}", f"{param}.language")
+    if prompt is not None:
+        prompt = text_value(prompt, f"{param}.prompt", MAX_INSTRUCTIONS)
+    return Transcription(unicode_text(model, f"{param}.model", f"{param}.model"), language, prompt)
+
+
+def transcription_description(transcription: Transcription | None) -> dict[str, Any] | None:
+    return None if transcription is None else transcription.describe()
+
+
 def parse_offer(body: Any) -> Offer:
     """The JSON offer body (already parsed by json_input.loads), its SDP checked by sdp_offer."""
     if not isinstance(body, dict):
@@ -226,8 +259,10 @@ def parse_offer(body: Any) -> Offer:
     if resume is not None and (not isinstance(resume, str) or not 0 < len(resume) <= 128):
         raise ProtocolError("invalid_value", "resume_token must be the token from session.created")
     voice, instructions = _voice(body.get("voice")), _instructions(body.get("instructions"))
+    transcription = transcription_setting(body["input_audio_transcription"], "input_audio_transcription") \
+        if "input_audio_transcription" in body else None
     check_offer(sdp)
-    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume)
+    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume, transcription=transcription)
 
 
 # session.update's turn_detection <-> TurnSettings
@@ -299,7 +334,7 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
         if not isinstance(session, dict):
             raise ProtocolError("invalid_value", 'session.update needs a "session" object')
         unknown = set(session) - {"voice", "instructions", "turn_detection", "output_modalities", "tools",
-                                  "tool_choice", "parallel_tool_calls"}
+                                  "tool_choice", "parallel_tool_calls", "input_audio_transcription"}
         if unknown:
             raise ProtocolError("unknown_parameter", f"session.{sorted(unknown)[0]} cannot be updated")
         given = {k: v for k, v in session.items() if v is not None}
@@ -312,6 +347,9 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
             tool_choice=_tool_choice(given["tool_choice"]) if "tool_choice" in given else None,
             parallel_tool_calls=_flag(given["parallel_tool_calls"], "parallel_tool_calls")
             if "parallel_tool_calls" in given else None,
+            transcription=transcription_setting(session["input_audio_transcription"],
+                                                "session.input_audio_transcription")
+            if "input_audio_transcription" in session else None,
         )
     if kind == "input_audio_buffer.commit":
         return Commit()

@@ -21,11 +21,12 @@ from typing import Any, Callable, Literal
 from ..config import TurnSettings
 from ..conversation import Conversation, ConversationError
 from ..engine.tools import ToolSet
+from ..media.captions import Transcription
 from ..media.outbound import PACKET_S
 from ..media.pcm import PCM_RATE
 from . import json_input
 from .protocol import (ProtocolError, SessionUpdate, function_call_output, output_modalities, parse_client_message,
-                       tool_description, turn_description)
+                       tool_description, transcription_description, transcription_setting, turn_description)
 
 Transport = Literal["webrtc", "websocket"]
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # an append of ~2.5 minutes of audio
@@ -121,7 +122,10 @@ def _audio(audio: Any, param: str) -> dict[str, Any]:
         p = f"{param}.input.{key}"
         if key == "format":
             _check_format(value, p)
-        elif key in ("transcription", "noise_reduction"):
+        elif key == "transcription":
+            transcription_setting(value, p)  # (checked here to name the Realtime API's field)
+            ours["input_audio_transcription"] = value
+        elif key == "noise_reduction":
             if value is not None:
                 raise _unsupported(p, "anything but null")
         elif key == "turn_detection":
@@ -143,7 +147,8 @@ def _audio(audio: Any, param: str) -> dict[str, Any]:
 
 
 def session_object(session_id: str, model: Any, voice: str, instructions: str, turn: TurnSettings,
-                   text_only: bool = False, tools: ToolSet = ToolSet()) -> dict[str, Any]:
+                   text_only: bool = False, tools: ToolSet = ToolSet(),
+                   transcription: Transcription | None = None) -> dict[str, Any]:
     """The GA session object of session.created / session.updated and of a client secret."""
     detection = turn_description(turn)
     if detection is not None:
@@ -153,7 +158,8 @@ def session_object(session_id: str, model: Any, voice: str, instructions: str, t
         "output_modalities": output_modalities(text_only), "instructions": instructions, **tool_description(tools),
         "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
         "audio": {
-            "input": {"format": PCM_FORMAT, "transcription": None, "noise_reduction": None,
+            "input": {"format": PCM_FORMAT, "transcription": transcription_description(transcription),
+                      "noise_reduction": None,
                       "turn_detection": detection},
             "output": {"format": PCM_FORMAT, "voice": voice, "speed": 1.0},
         },
@@ -232,7 +238,6 @@ class RealtimeEvents:
         self.on_audio: Callable[[bytes], None] | None = None  # input_audio_buffer.append (WebSocket only)
         self._ids = itertools.count(1)
         self._last_item: str | None = None  # the conversation's latest item
-        self._user_item: str | None = None  # the caller's item being spoken
         self._responses: dict[str, _Response] = {}  # by id: a cut answer may still wind down as the next begins
         self._response: _Response | None = None  # the newest answer
         self._last_answer: str | None = None  # the latest answer's item (conversation.item.truncate names it)
@@ -255,13 +260,13 @@ class RealtimeEvents:
 
     def description(self) -> dict[str, Any]:
         return session_object(self.session_id, self.model, self.voice, self.instructions, self.conversation.turn,
-                              self.conversation.text_only, self.conversation.tools)
+                              self.conversation.text_only, self.conversation.tools, self.conversation.transcription)
 
     def apply(self, update: SessionUpdate) -> None:
         """A parsed session update (ProtocolError when the conversation refuses a value)."""
         try:
             self.conversation.update(update.voice, update.instructions, update.turn, update.text_only,
-                                     update.tool_set(self.conversation.tools))
+                                     update.tool_set(self.conversation.tools), update.transcription)
         except ValueError as exc:
             raise ProtocolError("invalid_value", str(exc)) from None
         self.voice = update.voice or self.voice
@@ -279,17 +284,18 @@ class RealtimeEvents:
         """The conversation's own events, as GA events."""
         kind = event["type"]
         if kind == "input_audio_buffer.speech_started":
-            self._user_item = self._new_id("item")
-            self.emit(kind, audio_start_ms=event["audio_start_ms"], item_id=self._user_item)
+            self.emit(kind, audio_start_ms=event["audio_start_ms"], item_id=event["item_id"])
         elif kind == "input_audio_buffer.speech_stopped":
-            self.emit(kind, audio_end_ms=event["audio_end_ms"], item_id=self._user_item or self._new_id("item"))
+            self.emit(kind, audio_end_ms=event["audio_end_ms"], item_id=event["item_id"])
         elif kind == "input_audio_buffer.committed":
-            item_id, self._user_item = self._user_item or self._new_id("item"), None
+            item_id = event["item_id"]
             self.emit(kind, previous_item_id=self._last_item, item_id=item_id)
+            parts = event.get("transcripts") or [None]  # (one input_audio content a part of the caller's speech)
             self._add_item({"id": item_id, "type": "message", "role": "user", "status": "completed",
-                            "content": [{"type": "input_audio", "transcript": None}]})
+                            "content": [{"type": "input_audio", "transcript": t} for t in parts]})
+        elif kind.startswith("conversation.item.input_audio_transcription."):
+            self.emit(kind, **{k: v for k, v in event.items() if k != "type"})
         elif kind == "input_audio_buffer.cleared":
-            self._user_item = None
             self.emit(kind)
         elif kind == "response.created":
             self._response_created(event["response"]["id"], event["response"]["output_modalities"] == ["text"])

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from ..engine.tools import ToolSet
+from ..media.captions import Transcription
 from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
 from .realtime_ws import RealtimeSocket
@@ -181,7 +182,9 @@ async def create_client_secret(request: web.Request) -> web.Response:
                              else s.model, (update and update.voice) or s.voice,
                              update.instructions if update and update.instructions is not None else s.instructions,
                              (update and update.turn) or s.turn,
-                             update.text_only if update and update.text_only is not None else s.no_talker, tools)
+                             update.text_only if update and update.text_only is not None else s.no_talker, tools,
+                             update.transcription if update and isinstance(update.transcription, Transcription)
+                             else None)
     return web.json_response({"value": value, "expires_at": secret.expires_at, "session": session})
 
 
@@ -260,7 +263,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
         socket = RealtimeSocket(ws, s, engine_session, vad, state.metrics, describe.get("model"), s.voice,
                                 s.instructions, on_closed=functools.partial(call_ended, state, vad),
                                 end_of_turn=end_of_turn, speech=bool(describe.get("speech", True)),
-                                tag=state.tag)
+                                tag=state.tag, captions=state.captions)
         if update is not None:  # checked when the secret was minted
             socket.realtime.apply(update)
     finally:

@@ -13,6 +13,7 @@ from aiohttp import WSMsgType, web
 
 from ..config import Settings
 from ..conversation import Conversation, EngineSession
+from ..media.captions import CaptionPool
 from ..media.end_of_turn import EndOfTurnScorer
 from ..media.pcm import PacedPcmOutput, PcmInput
 from ..media.vad import CHUNK_SAMPLES, SpeechProbability
@@ -28,7 +29,7 @@ class RealtimeSocket:
     def __init__(self, ws: web.WebSocketResponse, settings: Settings, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, model: Any, voice: str, instructions: str,
                  on_closed: Callable[["RealtimeSocket"], None], end_of_turn: EndOfTurnScorer | None = None,
-                 speech: bool = True, tag: str = "") -> None:
+                 speech: bool = True, tag: str = "", captions: CaptionPool | None = None) -> None:
         self.id = f"sess_{tag}{secrets.token_urlsafe(9)}"
         self.ws = ws
         self.started_at = time.monotonic()
@@ -41,7 +42,8 @@ class RealtimeSocket:
         self.output = PacedPcmOutput(self.realtime.audio_frame)
         self.conversation = Conversation(engine_session, self.output, self.realtime.conversation_event, vad,
                                          settings.turn, on_answer=self._answered, end_of_turn=end_of_turn,
-                                         speech=speech, loop_lag_since=metrics.loop_lag.max_since)
+                                         speech=speech, loop_lag_since=metrics.loop_lag.max_since,
+                                         captions=captions)
         self.realtime.bind(self.conversation)
         self.realtime.on_audio = self._audio
         self._input = PcmInput(CHUNK_SAMPLES)

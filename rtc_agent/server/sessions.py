@@ -14,6 +14,7 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from ..config import Settings
 from ..conversation import Conversation, ConversationError, EngineSession
+from ..media.captions import CaptionPool, Transcription
 from ..media.end_of_turn import EndOfTurnScorer
 from ..media.inbound import PeerSilent, audio_chunks
 from ..media.outbound import OutboundAudioTrack
@@ -21,7 +22,8 @@ from ..media.vad import CHUNK_SAMPLES, SpeechProbability
 from ..media.video import sample_video
 from .metrics import Metrics
 from .protocol import (CancelResponse, Commit, CreateResponse, ProtocolError, SessionUpdate, ToolOutput, error_event,
-                       output_modalities, parse_client_message, tool_description, turn_description)
+                       output_modalities, parse_client_message, tool_description, transcription_description,
+                       turn_description)
 from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
@@ -83,9 +85,11 @@ class CallSession:
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
                  on_closed: Callable[["CallSession"], None], realtime: bool = False,
-                 end_of_turn: EndOfTurnScorer | None = None, tag: str = "", moved: bool = False) -> None:
+                 end_of_turn: EndOfTurnScorer | None = None, tag: str = "", moved: bool = False,
+                 captions: CaptionPool | None = None, transcription: Transcription | None = None) -> None:
         """`moved`: the call of a media process that died, its engine session taken over here: the caller is told
-        with an `error` event after `session.created` (the call has a new id and resume token, of this process)."""
+        with an `error` event after `session.created` (the call has a new id and resume token, of this process).
+        `captions`: the process's speech recogniser; `transcription`: this call's captions setting."""
         speech = bool(describe.get("speech", True))
         self.id = f"sess_{tag}{secrets.token_urlsafe(9)}"
         self.resume_token = tag + secrets.token_urlsafe(24)
@@ -110,7 +114,8 @@ class CallSession:
         send = self.realtime.conversation_event if self.realtime else self.events.send
         self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
                                          on_answer=self._answered, end_of_turn=end_of_turn, speech=speech,
-                                         loop_lag_since=metrics.loop_lag.max_since)
+                                         loop_lag_since=metrics.loop_lag.max_since, captions=captions,
+                                         transcription=transcription)
         if self.realtime:
             self.realtime.bind(self.conversation)
         self._wire(pc)
@@ -194,7 +199,7 @@ class CallSession:
             if isinstance(msg, SessionUpdate):
                 try:
                     conversation.update(msg.voice, msg.instructions, msg.turn, msg.text_only,
-                                        msg.tool_set(conversation.tools))
+                                        msg.tool_set(conversation.tools), msg.transcription)
                 except ValueError as exc:
                     raise ProtocolError("invalid_value", str(exc)) from None
                 self.voice = msg.voice or self.voice
@@ -248,6 +253,8 @@ class CallSession:
             "instructions": self.instructions,
             "turn_detection": turn_description(self.conversation.turn),
             "turn_detection_note": self.settings.turn_detection_note,
+            "input_audio_transcription": transcription_description(self.conversation.transcription),
+            "input_audio_transcription_note": self.settings.transcription_note,
             "output_modalities": output_modalities(self.conversation.text_only),
             **tool_description(self.conversation.tools),
             "input_audio": {"sample_rate": 16000, "vad": "silero"},
@@ -288,6 +295,7 @@ class CallSession:
                 task.cancel()
         if self.conversation.answering:
             self.conversation.cancel_response()
+        self.conversation.input_lost()
         self.events.detach()
         self.track.stop()
         old, self.pc = self.pc, None

@@ -13,14 +13,16 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from ..conversation import EngineSession
 from ..engine.remote import RemoteEngine, RemoteSession
 from ..media.ice import rtc_configuration
+from ..media.captions import Transcription
 from ..media.inbound import use_low_latency_audio
+from ..media.moonshine import LANGUAGES
 from ..media.outbound import PACKET_S, OutboundAudioTrack
 from ..media.vad import SpeechProbability
 from . import json_input
 from .errors import ApiError, ProtocolError
 from .guard import read_body
 from .metrics import Metrics
-from .protocol import Offer, parse_offer
+from .protocol import OFF, Offer, parse_offer
 from .sessions import CallSession, Full
 from .state import STATE, ServerState
 
@@ -173,12 +175,14 @@ async def _new_call(state: ServerState, offer: Offer, engine_session: EngineSess
     for our resume token) on an engine in another process is left waiting there if this process dies, so that
     its caller can resume it in another."""
     settings = state.settings
+    transcription = _transcription(state, offer, realtime)
     vad = await state.vads.acquire()
     end_of_turn = state.end_of_turn
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
-                       end_of_turn=end_of_turn, tag=state.tag, moved=moved)
+                       end_of_turn=end_of_turn, tag=state.tag, moved=moved, captions=state.captions,
+                       transcription=transcription)
     if isinstance(engine_session, RemoteSession) and not realtime and settings.resume_window_s > 0:
         engine_session.resumable(call.resume_token, settings.resume_window_s, {"id": call.id})
     try:
@@ -200,6 +204,24 @@ async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTra
     except Exception as exc:  # sdp_offer let through something aiortc cannot use
         log.warning("aiortc refused a checked offer: %r", exc)
         raise ApiError(400, "invalid_sdp", f"the offer cannot be used: {str(exc)[:200]}") from None
+
+
+def default_transcription(state: ServerState) -> Transcription | None:
+    """A page call's captions unless its offer says otherwise: on wherever the recogniser is loaded."""
+    return Transcription(state.captions.name, LANGUAGES[0]) if state.captions is not None else None
+
+
+def _transcription(state: ServerState, offer: Offer, realtime: bool) -> Transcription | None:
+    """The new call's transcription: the offer's, else (a page call) the server's default; ApiError where it asks
+    for captions this server cannot make. (A Realtime call's comes with its session, applied after.)"""
+    if offer.transcription is None:
+        return None if realtime else default_transcription(state)
+    if offer.transcription == OFF:
+        return None
+    if state.captions is None:
+        raise ApiError(400, "unsupported_value", "input_audio_transcription: this server makes no captions (the "
+                       "speech recogniser is not installed, or --transcription off)")
+    return offer.transcription
 
 
 def call_ended(state: ServerState, vad: SpeechProbability, call: Any) -> None:

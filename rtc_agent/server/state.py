@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from ..config import Settings
+from ..media.captions import CaptionPool
 from ..media.end_of_turn import EndOfTurnScorer
 from ..media.vad import VadPool
 from .memory_guard import MemoryGuard
@@ -26,6 +27,7 @@ class ServerState:
     loaded: bool = False  # the start-up loader is done (models, call capacity, warm-up)
     guard: MemoryGuard | None = None  # GPU memory: gauges, and no new calls above --memory-guard-pct
     end_of_turn: EndOfTurnScorer | None = None  # the calls' end-of-turn scorer (app.end_of_turn_scorer), once loaded
+    captions: CaptionPool | None = None  # the speech recogniser of the callers' captions, once loaded (None: off)
     tag: str = ""  # a media process's mark on its call ids and tokens ("m2."), by which the front routes them
 
     @property
