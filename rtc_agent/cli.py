@@ -39,6 +39,7 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
     call.add_argument("--json", action="store_true", help="print the report as JSON")
     call.add_argument("--record", metavar="WAV", help="write the answer audio here (24 kHz mono)")
     call.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the answers after the WAV")
+    call.add_argument("--no-captions", action="store_true", help="ask for no captions of the caller's words")
 
     load = sub.add_parser("loadtest", help="many callers at once: latencies, late frames, gaps and failures")
     _client_arguments(load)
@@ -59,6 +60,7 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
                       help="client processes to spread the callers over, each its own event loop (default 0: one "
                            "per 4 callers, at most half the cores)")
     load.add_argument("--json", action="store_true", help="print one JSON object: settings, overall, callers")
+    load.add_argument("--no-captions", action="store_true", help="the callers ask for no captions of their words")
 
     talk = sub.add_parser("talk", help="a live call with this machine's microphone and speaker")
     _client_arguments(talk)
@@ -96,7 +98,7 @@ def _loadtest(args: argparse.Namespace) -> int:
         report = asyncio.run(run_loadtest(
             args.url, args.wav, settings, token=args.token, voice=args.voice, instructions=args.instructions,
             verify_tls=not args.insecure, ice_servers=tuple(args.ice_servers),
-            ice_host_addresses=tuple(args.ice_host_addresses)))
+            ice_host_addresses=tuple(args.ice_host_addresses), captions=not args.no_captions))
     except (OSError, ValueError) as exc:
         print(f"rtc-agent loadtest: {exc}", file=sys.stderr)
         return 2
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 from .client.call import print_report, run_call
 
                 report = asyncio.run(run_call(args.url, args.wav, video=args.video, record=args.record,
-                                              answer_timeout_s=args.timeout, **common))
+                                              answer_timeout_s=args.timeout, captions=not args.no_captions,
+                                              **common))
                 print_report(report, args.json)
                 return 0 if all(t["status"] != "no answer" for t in report["turns"]) else 1
             from .client.talk import run_talk

@@ -29,13 +29,14 @@ GAP_S = 0.12  # answer packets (one per 80 ms) further apart than this on arriva
 async def run_call(url: str, wav: str, *, video: bool = False, record: str | None = None, token: str | None = None,
                    voice: str | None = None, instructions: str | None = None, answer_timeout_s: float = 60.0,
                    verify_tls: bool = True, ice_servers: tuple[str, ...] = (),
-                   ice_host_addresses: tuple[str, ...] = (), relay_only: bool = False) -> dict[str, Any]:
+                   ice_host_addresses: tuple[str, ...] = (), relay_only: bool = False, captions: bool = True
+                   ) -> dict[str, Any]:
     use_host_addresses(ice_host_addresses)
     samples, spans = load_speech(wav)
     servers = ice_servers or await server_ice_servers(url, token, verify_tls)
     started = time.monotonic()
     call, mic, _ = await dial(url, video=video, token=token, voice=voice, instructions=instructions,
-                              ice_servers=servers, relay_only=relay_only, verify_tls=verify_tls)
+                              ice_servers=servers, relay_only=relay_only, verify_tls=verify_tls, captions=captions)
     try:
         connected_ms = (time.monotonic() - started) * 1000
         mic.play(np.zeros(int(CONNECT_WARMUP_S * RATE), np.float32))

@@ -86,14 +86,14 @@ def speech_wav(wav: str | None, folder: str) -> str:
 
 async def run_loadtest(url: str, wav: str | None, settings: LoadSettings, *, token: str | None = None,
                        voice: str | None = None, instructions: str | None = None, verify_tls: bool = True,
-                       ice_servers: tuple[str, ...] = (), ice_host_addresses: tuple[str, ...] = ()
-                       ) -> dict[str, Any]:
+                       ice_servers: tuple[str, ...] = (), ice_host_addresses: tuple[str, ...] = (),
+                       captions: bool = True) -> dict[str, Any]:
     use_host_addresses(ice_host_addresses)
     with tempfile.TemporaryDirectory() as tmp:
         wav = speech_wav(wav, tmp)
         samples, spans = load_speech(wav)
     call_kwargs = dict(token=token, voice=voice, instructions=instructions, ice_servers=ice_servers,
-                       verify_tls=verify_tls)
+                       verify_tls=verify_tls, captions=captions)
     if settings.retry_s:
         await wait_ready(url, settings.retry_s, verify_tls)
     groups = [list(range(p, settings.callers, settings.processes)) for p in range(settings.processes)]

@@ -76,9 +76,12 @@ class Call:
     def __init__(self, url: str, *, token: str | None = None, voice: str | None = None,
                  instructions: str | None = None, ice_servers: Iterable[str | RTCIceServer] = (),
                  relay_only: bool = False, verify_tls: bool = True,
-                 on_audio: Callable[[np.ndarray], None] | None = None) -> None:
+                 on_audio: Callable[[np.ndarray], None] | None = None, captions: bool = True) -> None:
+        """`captions` False: the offer asks for no captions of the caller's words (input_audio_transcription
+        null); True: the server's default."""
         self.url = url.rstrip("/")
         self.token, self.voice, self.instructions = token, voice, instructions
+        self.captions = captions
         self._configuration = rtc_configuration(ice_servers, relay_only)
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -108,6 +111,8 @@ class Call:
             body["voice"] = self.voice
         if self.instructions is not None:
             body["instructions"] = self.instructions
+        if not self.captions:
+            body["input_audio_transcription"] = None
         await self._offer(body, microphone, camera, timeout_s)
 
     async def resume(self, microphone: MediaStreamTrack, camera: MediaStreamTrack | None = None,

@@ -7,12 +7,12 @@ pauses (PART_PAUSE_MS of silence by the VAD) and, in a monologue, at most every 
 
 While a part grows, its audio so far is transcribed again every UPDATE_S of audio (provisional). A word goes out
 as a delta once two provisional transcripts in a row agree on it and neither ends with it (the last word of a
-transcript of speech cut mid-word is often wrong, and so is its punctuation: "What is the?"). Later provisional transcripts
-of the part are made to start with the words already sent (cheaper, and the deltas never contradict each other);
-the final one is not, since an early word heard on too little audio may be wrong ("Lease remind me" for "Please
-remind me"): the `completed` transcript is the part's text, and the deltas before it were provisional. At the part's first silent chunk its final transcript is started at once (so it is usually
-ready by the time the pause is long enough to end the part, or the turn ends); speech coming back makes that one
-provisional.
+transcript of speech cut mid-word is often wrong, and so is its punctuation: "What is the?"). Later provisional
+transcripts of the part are made to start with the words already sent (cheaper, and the deltas never contradict
+each other). The final one is not, since an early word heard on too little audio may be wrong ("Lease remind me"
+for "Please remind me"): the `completed` transcript is the part's text, and the deltas before it were
+provisional. The final starts at the part's first silent chunk (so it is usually ready by the time the pause is
+long enough to end the part, or the turn ends); speech coming back makes that one provisional.
 
 The recogniser runs on a few threads of the process's own (`CaptionPool`), at a nice value above everything
 else's: the caller's answer never waits for a caption. Finals go before provisionals, and a part has at most one
