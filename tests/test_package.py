@@ -30,6 +30,7 @@ from rtc_support import caller, needs_espeak, run, say
 from test_deploy import image_pip_install
 
 from rtc_agent.media.end_of_turn import INSTALL_HINT
+from rtc_agent.media.moonshine import INSTALL_HINT as RECOGNISER_HINT
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 8080
@@ -112,12 +113,16 @@ def test_an_installed_wheel_serves_the_defaults_and_answers_a_call_from_tmp(venv
                 async with http.get(f"{URL}/api/config") as r:
                     config = await r.json()
                 assert config["turn_detection"]["type"] == "semantic_vad" and config["turn_detection_note"] is None
+                assert config["input_audio_transcription"]["model"] == "moonshine-base-en"
             async with caller(URL) as (call, mic):
                 created = (await call.next_event("session.created", timeout_s=10))["session"]
                 assert created["turn_detection"]["type"] == "semantic_vad" and created["turn_detection_note"] is None
                 await say(call, mic)
                 done = (await call.next_event("response.done", timeout_s=60))["response"]
                 assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
+                caption = await call.next_event("conversation.item.input_audio_transcription.completed",
+                                                timeout_s=30)  # the recogniser came with the install
+                assert "paris" in caption["transcript"].lower(), caption
                 assert done["metrics"]["end_of_turn"]["type"] == "semantic_vad"
         finally:
             stop(proc, signal.SIGINT)
@@ -127,10 +132,10 @@ def test_an_installed_wheel_serves_the_defaults_and_answers_a_call_from_tmp(venv
 
 
 @needs_namespaces
-def test_without_the_model_the_defaults_run_server_vad_and_semantic_vad_by_name_refuses(venv: Path,
-                                                                                       tmp_path: Path) -> None:
-    out = subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-q", "-y", "pipecat-ai"], capture_output=True,
-                         text=True, timeout=120)
+def test_without_the_models_the_defaults_run_server_vad_without_captions_and_either_by_name_refuses(
+        venv: Path, tmp_path: Path) -> None:
+    out = subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-q", "-y", "pipecat-ai", "moonshine-cpp"],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 
     async def main() -> None:
@@ -152,12 +157,19 @@ def test_without_the_model_the_defaults_run_server_vad_and_semantic_vad_by_name_
         assert "semantic_vad" in note and INSTALL_HINT in note
         assert (created["turn_detection"]["type"], created["turn_detection_note"]) == ("server_vad", note)
         assert log.read_text().count(note) == 1  # said once in the log
+        captions_note = config["input_audio_transcription_note"]
+        assert config["input_audio_transcription"] is None and RECOGNISER_HINT in captions_note
+        assert (created["input_audio_transcription"], created["input_audio_transcription_note"]) == (None,
+                                                                                                    captions_note)
+        assert log.read_text().count(captions_note) == 1
 
         # asked for by name, on the command line or in the environment
-        by_name = ((["--turn-detection", "semantic_vad"], {}), ([], {"RTC_AGENT_TURN_DETECTION": "semantic_vad"}))
-        for args, env in by_name:
+        by_name = ((["--turn-detection", "semantic_vad"], {}, INSTALL_HINT),
+                   ([], {"RTC_AGENT_TURN_DETECTION": "semantic_vad"}, INSTALL_HINT),
+                   (["--turn-detection", "server_vad", "--transcription", "on"], {}, RECOGNISER_HINT))
+        for args, env, hint in by_name:
             refused = start(rtc_agent(venv, *args), tmp_path / "refused.log", env={**CLEAN, **env}, cwd=tmp_path)
             returncode = await asyncio.to_thread(refused.wait, 90)
-            assert returncode != 0 and INSTALL_HINT in (tmp_path / "refused.log").read_text()
+            assert returncode != 0 and hint in (tmp_path / "refused.log").read_text()
 
     run(main(), timeout_s=200)

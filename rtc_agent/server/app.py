@@ -244,7 +244,7 @@ async def client_config(request: web.Request) -> web.Response:
         "video": {"fps": s.video_fps, "max_side": s.video_max_side},
         "output_modalities": ["text"] if text_only else ["audio"],  # the page shows text mode
         # the page's calls' default (null: off), and why it is off where the recogniser is missing
-        "input_audio_transcription": transcription_description(default_transcription(state)),
+        "input_audio_transcription": transcription_description(default_transcription(s)),
         "input_audio_transcription_note": s.transcription_note,
     })
 

@@ -10,12 +10,13 @@ from typing import Any
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from ..config import Settings
 from ..conversation import EngineSession
 from ..engine.remote import RemoteEngine, RemoteSession
-from ..media.ice import rtc_configuration
 from ..media.captions import Transcription
+from ..media.ice import rtc_configuration
 from ..media.inbound import use_low_latency_audio
-from ..media.moonshine import LANGUAGES
+from ..media.moonshine import LANGUAGES, NAME, installed
 from ..media.outbound import PACKET_S, OutboundAudioTrack
 from ..media.vad import SpeechProbability
 from . import json_input
@@ -206,16 +207,17 @@ async def _answer_offer(pc: RTCPeerConnection, sdp: str, track: OutboundAudioTra
         raise ApiError(400, "invalid_sdp", f"the offer cannot be used: {str(exc)[:200]}") from None
 
 
-def default_transcription(state: ServerState) -> Transcription | None:
-    """A page call's captions unless its offer says otherwise: on wherever the recogniser is loaded."""
-    return Transcription(state.captions.name, LANGUAGES[0]) if state.captions is not None else None
+def default_transcription(settings: Settings) -> Transcription | None:
+    """A page call's captions unless its offer says otherwise: on unless --transcription off or the recogniser
+    is not installed (the server loads it before it takes calls)."""
+    return Transcription(NAME, LANGUAGES[0]) if settings.transcription != "off" and installed() else None
 
 
 def _transcription(state: ServerState, offer: Offer, realtime: bool) -> Transcription | None:
     """The new call's transcription: the offer's, else (a page call) the server's default; ApiError where it asks
     for captions this server cannot make. (A Realtime call's comes with its session, applied after.)"""
     if offer.transcription is None:
-        return None if realtime else default_transcription(state)
+        return None if realtime or state.captions is None else default_transcription(state.settings)
     if offer.transcription == OFF:
         return None
     if state.captions is None:
