@@ -370,6 +370,10 @@ def caller_summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "gaps": sum(t["gaps"] for t in turns),
         "max_gap_ms": max((t["max_gap_ms"] for t in turns if t["max_gap_ms"] is not None), default=None),
         "server_loop_lag_ms_max": max(values("loop_lag_ms_max"), default=None),
+        # the caller's words: turns with a caption, its delay after the speech's end, and the deltas before it
+        "captioned": sum(1 for t in turns if t.get("caption") is not None),
+        "caption_ms": percentiles([t["caption_ms"] for t in turns if t.get("caption_ms") is not None]),
+        "caption_deltas_before_end": sum(t.get("caption_deltas_before_end", 0) for t in turns),
     }
 
 
@@ -444,6 +448,10 @@ def print_loadtest(report: dict[str, Any], as_json: bool) -> None:
               "each other (each turn: the last less the first)")
     print(f"  server ttfp_ms (turn end -> first packet): P50 {t['p50']}, P90 {t['p90']}, max {t['max']}; "
           f"engine ttfp P50 {e['p50']}, P90 {e['p90']}")
+    if o["captioned"]:
+        c = o["caption_ms"]
+        print(f"  captions of the callers' words: {o['captioned']}/{o['turns']} turns, the last part in P50 "
+              f"{c['p50']}, P90 {c['p90']} ms after the speech ended")
     w, v = o["end_of_turn_wait_ms"], o["verdict_ms"]
     if w["n"]:
         print(f"  silence waited before the turn ended: P50 {w['p50']}, P90 {w['p90']} ms"
