@@ -8,6 +8,8 @@ const TOKEN_KEY = "rtc-agent.token";
 const MIC_THRESHOLD = 0.01; // caller speech (RMS) for the end-of-speech time
 const AGENT_THRESHOLD = 0.0005; // first answer audio (about -66 dBFS RMS: decoded silence is far below)
 const PTT_TAIL_MS = 150; // keep sending this long after release so the last syllable reaches the server first
+const CAPTION_LINGER_MS = 4000; // the kiosk's caption line stays this long after its words are final
+const CAPTION_FADE_MS = 800; // then fades out (style.css: .kiosk-caption.fade)
 const RESUME_RETRY_MS = 1000; // between attempts to resume a call whose connection died
 const MAX_TOOLS_CHARS = 60000; // the server takes data-channel messages of at most 64 KiB
 const TOOL_RESULT = '{"ok": true}'; // what a call's result box starts with
@@ -25,7 +27,7 @@ const $ = (id) => document.getElementById(id);
 // ---- settings, mode, token ------------------------------------------------------------------------------
 function loadSettings() {
   const defaults = { voice: "", instructions: "", processing: true, ptt: false, turn: "", micId: "", camId: "",
-    mode: "", tools: "", toolChoice: "auto" };
+    mode: "", tools: "", toolChoice: "auto", captions: true };
   try {
     return { ...defaults, ...JSON.parse(localStorage.getItem(STORE) || "{}") };
   } catch {
@@ -124,7 +126,9 @@ class App {
     this.wakeLock = null;
     this.turns = []; // finished answers: {id, text, interrupted, ttfp_ms, heard_ms}
     this.responses = new Map();
-    this.currentUser = null;
+    this.userTurns = new Map(); // the caller's turns by item_id: {id, li, parts, live, startedAt, spokeS, dropped}
+    this.currentUser = null; // the one the caller is speaking
+    this.lastUser = null; // the newest one shown (the kiosk's caption line)
     this.pending = null; // {ref: perf ms of the caller's end of speech, heardMs, onsetAt}
     this.reconnects = 0;
     this.lastResumeMs = null; // how long the last resume took, from the connection's loss to the new one
@@ -134,6 +138,7 @@ class App {
     this.toolsSent = null; // the tools update on its way to the server, until session.updated or its error
     this.toolsError = ""; // the server's refusal of the last tools update, shown next to the box
     this._retryTimer = null;
+    this._captionTimer = null; // the kiosk's caption line fading
     this._statsTimer = null;
     this._raf = 0;
   }
@@ -214,10 +219,19 @@ class App {
       if (cfg.instructions) $("instructions").placeholder = cfg.instructions;
       $("model-note").hidden = cfg.model !== "tiny";
       if (Array.isArray(cfg.output_modalities)) this.setTextMode(cfg.output_modalities[0] === "text");
+      if (cfg.input_audio_transcription === null) this.captionsUnavailable(cfg.input_audio_transcription_note);
       return cfg;
     } catch {
       return {};
     }
+  }
+
+  /** The server has no speech recogniser: the captions setting is off and says why. */
+  captionsUnavailable(note) {
+    $("captions").disabled = true;
+    $("captions").checked = false;
+    $("captions-help").textContent = note || "This server makes no captions.";
+    $("captions-help").hidden = false;
   }
 
   secure() {
@@ -230,6 +244,7 @@ class App {
     $("instructions").value = s.instructions;
     $("processing").checked = s.processing;
     $("ptt").checked = s.ptt;
+    $("captions").checked = s.captions && !$("captions").disabled; // (disabled: the server makes none)
     $("turn").value = s.turn;
     $("tools").value = s.tools;
     this.fillToolChoice(toolNames(parseTools(s.tools).tools ?? []), s.toolChoice);
@@ -422,6 +437,7 @@ class App {
       micStream: this.micStream,
       video: this.video,
       videoLimits: cfg.video || undefined,
+      transcription: this.settings.captions ? undefined : null, // on: the server's default (on where it can)
     });
     this.call = call;
     call.addEventListener("message", (e) => this.onEvent(e.detail));
@@ -659,6 +675,7 @@ class App {
         this.sessionInfo = msg.session ?? null;
         if (Array.isArray(msg.session?.output_modalities)) this.setTextMode(msg.session.output_modalities[0] === "text");
         if (msg.type === "session.updated" && msg.session) this.toolsUpdated(msg.session);
+        if (msg.session?.input_audio_transcription === null) this.dropProvisional(); // off: none will complete
         break;
       case "conversation.state":
         if (msg.state === "thinking" && this.state !== "speaking") this.setState("thinking");
@@ -668,10 +685,25 @@ class App {
         }
         break;
       case "input_audio_buffer.speech_started":
-        this.userStarted();
+        this.userStarted(msg.item_id);
         break;
       case "input_audio_buffer.speech_stopped":
-        this.userStopped(msg);
+        this.userStopped(msg.item_id);
+        break;
+      case "input_audio_buffer.committed":
+        this.userCommitted(msg.item_id);
+        break;
+      case "input_audio_buffer.cleared":
+        this.userCleared();
+        break;
+      case "conversation.item.input_audio_transcription.delta":
+        this.captionPart(msg, false, msg.delta);
+        break;
+      case "conversation.item.input_audio_transcription.completed":
+        this.captionPart(msg, true, msg.transcript);
+        break;
+      case "conversation.item.input_audio_transcription.failed": // that part has no words
+        this.captionPart(msg, true, "");
         break;
       case "response.created":
         this.responseCreated(msg.response?.id ?? `resp_${this.responses.size + 1}`);
@@ -700,25 +732,121 @@ class App {
     }
   }
 
-  userStarted() {
+  // ---- the caller's turns and their captions ----------------------------------------------------------
+  /** The caller's turn (conversation item) `id`; its captions may come before its entry is shown, or after. */
+  userTurn(id) {
+    let u = id && this.userTurns.get(id);
+    if (!u) {
+      u = { id, li: null, parts: [], live: false, startedAt: null, spokeS: null, dropped: false };
+      if (id) this.userTurns.set(id, u);
+    }
+    return u;
+  }
+
+  /** The turn's entry in the transcript (a new one goes below the others, so above the answer to it). */
+  showUser(u) {
+    if (!u.li) {
+      u.li = this.addItem("user", "You");
+      if (u.id) u.li.dataset.itemId = u.id;
+      this.lastUser = u;
+    }
+    this.renderUser(u);
+  }
+
+  userStarted(id) {
     if (this.currentUser) return;
-    const li = this.addItem("user", "You");
-    li.classList.add("live");
-    li.querySelector(".text").textContent = this.settings.ptt ? "Talking… release to send" : "Speaking…";
-    this.currentUser = { li, startedAt: performance.now() };
+    const u = this.userTurn(id);
+    Object.assign(u, { live: true, startedAt: performance.now() });
+    this.currentUser = u;
+    this.showUser(u);
     if (this.state === "listening") this.setState("hearing");
   }
 
-  userStopped() {
-    if (!this.currentUser) this.userStarted();
-    const { li, startedAt } = this.currentUser;
+  userStopped(id) {
+    if (!this.currentUser) this.userStarted(id);
+    const u = this.currentUser;
     this.currentUser = null;
-    li.classList.remove("live");
     const lastLoud = this.micMeter?.lastLoud;
     const end = lastLoud && performance.now() - lastLoud < 5000 ? lastLoud : performance.now();
-    const secs = Math.max(0.1, (end - startedAt) / 1000);
-    li.querySelector(".text").textContent = `Spoke for ${secs.toFixed(1)} s`;
+    Object.assign(u, { live: false, spokeS: Math.max(0.1, (end - u.startedAt) / 1000) });
+    this.renderUser(u);
     this.armLatency(end);
+  }
+
+  /** A push-to-talk commit may come with no speech_started: its turn is shown now, before the answer. */
+  userCommitted(id) {
+    const u = this.userTurn(id);
+    if (!u.li && !u.dropped) this.showUser(u);
+  }
+
+  /** The turn being spoken was dropped: its entry goes, and captions still coming for it are not shown. */
+  userCleared() {
+    const u = this.currentUser;
+    if (!u) return;
+    this.currentUser = null;
+    Object.assign(u, { dropped: true, parts: [] });
+    u.li.remove();
+    if (this.lastUser === u) this.renderKioskCaption("", false);
+    if (this.state === "hearing") this.setState("listening");
+  }
+
+  /** A caption event: provisional words appended to part `content_index`, or its final text replacing them. */
+  captionPart({ item_id: id, content_index: index = 0 }, final, text) {
+    const u = this.userTurn(id);
+    if (u.dropped || u.parts[index]?.final) return;
+    const before = final ? "" : u.parts[index]?.text ?? "";
+    u.parts[index] = { text: before + (text ?? ""), final };
+    this.renderUser(u);
+  }
+
+  /** Captions that will not be completed (the call, or its captions, ended): their provisional words go. */
+  dropProvisional() {
+    for (const u of this.userTurns.values()) {
+      if (!u.parts.some((p) => p && !p.final)) continue;
+      u.parts = u.parts.map((p) => (p?.final ? p : null));
+      this.renderUser(u);
+    }
+  }
+
+  /**
+   * The entry: the caption (provisional words in their own style) or what the caller is doing; under a caption,
+   * how long they spoke.
+   */
+  renderUser(u) {
+    if (!u.li) return;
+    const parts = u.parts.filter((p) => p?.text.trim());
+    const provisional = parts.some((p) => !p.final);
+    const caption = parts.map((p) => p.text.trim()).join(" ");
+    const text = u.li.querySelector(".text");
+    text.replaceChildren(...(parts.length ? captionNodes(parts) : [this.userStatus(u)]));
+    u.li.classList.toggle("live", u.live);
+    u.li.classList.toggle("captioned", !!caption);
+    if (provisional) u.li.setAttribute("aria-busy", "true"); // words may still change: read the final ones
+    else u.li.removeAttribute("aria-busy");
+    let meta = u.li.querySelector(".meta");
+    if (!meta) meta = u.li.appendChild(el("p", "meta"));
+    meta.textContent = caption && u.spokeS != null ? spokeFor(u.spokeS) : "";
+    meta.hidden = !meta.textContent;
+    if (u === this.lastUser) this.renderKioskCaption(caption, provisional);
+  }
+
+  userStatus(u) {
+    if (u.live) return this.settings.ptt ? "Talking… release to send" : "Speaking…";
+    return u.spokeS != null ? spokeFor(u.spokeS) : "Spoke";
+  }
+
+  /** The kiosk's large caption line: the newest caption's last words, gone a few seconds after they are final. */
+  renderKioskCaption(caption, provisional) {
+    const line = $("kiosk-caption");
+    clearTimeout(this._captionTimer);
+    line.textContent = tail(caption, 80);
+    line.classList.toggle("provisional", provisional);
+    line.classList.remove("fade");
+    if (!caption || provisional) return;
+    this._captionTimer = setTimeout(() => {
+      line.classList.add("fade");
+      this._captionTimer = setTimeout(() => { line.textContent = ""; }, CAPTION_FADE_MS);
+    }, CAPTION_LINGER_MS);
   }
 
   /** Starts timing the first heard answer audio from `ref` (perf ms: when the caller stopped talking). */
@@ -992,8 +1120,12 @@ class App {
 
   endAnswerState() {
     this.pending = null;
-    this.currentUser?.li.classList.remove("live");
-    this.currentUser = null;
+    if (this.currentUser) {
+      this.currentUser.live = false;
+      this.renderUser(this.currentUser);
+      this.currentUser = null;
+    }
+    this.dropProvisional(); // the connection is gone: no more words come for them
     for (const r of this.responses.values()) {
       if (!r.done) {
         r.done = true;
@@ -1076,6 +1208,7 @@ class App {
     s.instructions = $("instructions").value;
     s.processing = $("processing").checked;
     s.ptt = $("ptt").checked;
+    if (!$("captions").disabled) s.captions = $("captions").checked;
     s.turn = $("turn").value;
     s.micId = $("mic-select").value;
     s.camId = $("cam-select").value;
@@ -1103,6 +1236,7 @@ class App {
       if (s.voice !== before.voice && s.voice) update.voice = s.voice;
       if (s.instructions !== before.instructions) update.instructions = s.instructions;
       if (s.ptt !== before.ptt || s.turn !== before.turn) update.turn_detection = await this.turnDetection();
+      if (s.captions !== before.captions) update.input_audio_transcription = await this.transcription();
       if (Object.keys(update).length) {
         this.call.updateSession(update);
         this.addNote(describeUpdate(update));
@@ -1197,6 +1331,13 @@ class App {
     if (!s.turn) return (await this.config)?.turn_detection ?? { type: "semantic_vad" };
     const [type, eagerness] = s.turn.split(":");
     return eagerness ? { type, eagerness } : { type };
+  }
+
+  /** session.update's input_audio_transcription for the settings: the server's recogniser, or null (off). */
+  async transcription() {
+    if (!this.settings.captions) return null;
+    const model = (await this.config)?.input_audio_transcription?.model;
+    return model ? { model } : {};
   }
 
   // ---- stats, wake lock ---------------------------------------------------------------------------------
@@ -1341,6 +1482,19 @@ function el(tag, className = "", text = "") {
   return e;
 }
 
+/** A caption's parts as text, each provisional part in a span of its own (shown muted). */
+function captionNodes(parts) {
+  return parts.flatMap((p, i) => {
+    const words = p.text.trim();
+    const node = p.final ? document.createTextNode(words) : el("span", "provisional", words);
+    return i ? [" ", node] : [node];
+  });
+}
+
+function spokeFor(secs) {
+  return `Spoke for ${secs.toFixed(1)} s`;
+}
+
 function tail(text, n) {
   if (text.length <= n) return text.trim();
   const cut = text.slice(-n);
@@ -1360,6 +1514,7 @@ function describeUpdate(u) {
     parts.push(!turn ? "push-to-talk" : turn.type === "semantic_vad" ? `smart turns (${turn.eagerness ?? "auto"})`
       : "fixed-silence turns");
   }
+  if ("input_audio_transcription" in u) parts.push(u.input_audio_transcription ? "captions on" : "captions off");
   return `Updated: ${parts.join(", ")}`;
 }
 

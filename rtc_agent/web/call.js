@@ -70,7 +70,7 @@ function waitIceGathering(pc, timeoutMs) {
  */
 export class Call extends EventTarget {
   constructor({ token = "", voice, instructions, micTrack, micStream, video = false, videoLimits = VIDEO_DEFAULTS,
-                iceServers = [] }) {
+                iceServers = [], transcription }) {
     super();
     this.token = token;
     this.voice = voice;
@@ -80,6 +80,7 @@ export class Call extends EventTarget {
     this.wantsVideo = video;
     this.videoLimits = videoLimits;
     this.iceServers = iceServers;
+    this.transcription = transcription; // the offer's input_audio_transcription: null (off); undefined: the server's
     this.sessionId = null;
     this.resumeToken = null; // from session.created: a new peer connection may take over this call
     this.resumeWindowS = 0; // how long the server keeps the call for that once the connection died
@@ -105,6 +106,7 @@ export class Call extends EventTarget {
     const body = {};
     if (this.voice) body.voice = this.voice;
     if (this.instructions) body.instructions = this.instructions;
+    if (this.transcription !== undefined) body.input_audio_transcription = this.transcription;
     return this._open(body, CONNECT_TIMEOUT_MS);
   }
 

@@ -208,13 +208,16 @@ def chromium_args(speech_wav: Path, *, deny_media: bool = False, fake_devices: b
     ]
 
 
-def make_speech_wav(directory: Path) -> Path:
+SPEECH = "Hello there. What is the weather like today? Tell me something nice."
+QUESTION = "What time does the library open on Saturday?"  # the captions tests' caller
+
+
+def make_speech_wav(directory: Path, text: str = SPEECH, name: str = "speech") -> Path:
     """A caller's utterance made by espeak-ng, as Chromium's fake microphone plays it: 48 kHz mono s16, with
     silence after it so the server's turn detector ends the turn (Chromium loops the file)."""
-    raw = directory / "speech-raw.wav"
-    out = directory / "speech.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(raw),
-                    "Hello there. What is the weather like today? Tell me something nice."], check=True)
+    raw = directory / f"{name}-raw.wav"
+    out = directory / f"{name}.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), "-r", "48000", "-c", "1", "-b", "16", str(out), "pad", "0.3", "3.2"],
                    check=True)
     return out

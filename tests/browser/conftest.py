@@ -7,8 +7,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from browser_harness import (DESKTOP, ROOT, HostNetwork, LoopbackNamespace, Server, chromium_args, chromium_wrapper,
-                             make_speech_wav, missing_tools, new_tmp)
+from browser_harness import (DESKTOP, QUESTION, ROOT, HostNetwork, LoopbackNamespace, Server, chromium_args,
+                             chromium_wrapper, make_speech_wav, missing_tools, new_tmp)
 
 ARTIFACTS = Path(os.environ.get("RTC_AGENT_ARTIFACTS", ROOT / "artifacts"))
 
@@ -110,12 +110,13 @@ def playwright_instance() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def launch(playwright_instance: Any, net: Any, workdir: Path, speech_wav: Path) -> Iterator[Callable[..., Any]]:
     """Launches Chromium inside the namespace. deny_media: every camera/microphone request is refused;
-    fake_devices=False: no fake camera and microphone (the namespace's machine has none)."""
+    fake_devices=False: no fake camera and microphone (the namespace's machine has none); speech: the WAV its
+    fake microphone loops (default: speech_wav)."""
     wrapper = chromium_wrapper(net, workdir)
     browsers: list[Any] = []
 
-    def go(deny_media: bool = False, fake_devices: bool = True) -> Any:
-        args = chromium_args(speech_wav, deny_media=deny_media, fake_devices=fake_devices)
+    def go(deny_media: bool = False, fake_devices: bool = True, speech: Path | None = None) -> Any:
+        args = chromium_args(speech or speech_wav, deny_media=deny_media, fake_devices=fake_devices)
         browser = playwright_instance.chromium.launch(executable_path=str(wrapper), headless=True, args=args,
                                                       timeout=60_000)
         browsers.append(browser)
@@ -129,6 +130,12 @@ def launch(playwright_instance: Any, net: Any, workdir: Path, speech_wav: Path) 
 @pytest.fixture(scope="session")
 def browser(launch: Callable[..., Any]) -> Any:
     return launch()
+
+
+@pytest.fixture(scope="session")
+def asking_browser(launch: Callable[..., Any], workdir: Path) -> Any:
+    """A Chromium whose fake microphone asks QUESTION again and again (the captions tests)."""
+    return launch(speech=make_speech_wav(workdir, QUESTION, "question"))
 
 
 @pytest.fixture

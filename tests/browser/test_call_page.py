@@ -1,7 +1,8 @@
 """The page (rtc_agent/web/) in Debian's Chromium against `rtc-agent serve`, all inside a loopback-only namespace.
 
 Chromium's fake microphone loops a WAV made by espeak-ng (about 3.4 s of speech, then 3.2 s of silence), so the
-caller speaks again every ~7 s: the tiny model's long answers get cut by that barge-in, which the page shows.
+caller speaks again every ~7 s: the tiny model's long answers get cut by that barge-in, which the page shows. The
+captions tests' Chromium asks browser_harness.QUESTION instead.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_call_connects_and_the_answer_is_heard(new_page: Callable[..., Any], ser
     assert turn["heard_ms"] is not None and 0 < turn["heard_ms"] < 10_000, turn  # the AudioWorklet heard it
 
     # Transcript: the caller's turn marker and the agent's words; latency shown on the turn and on the stage.
-    assert page.locator("#log .turn.user .text").first.inner_text().startswith("Spoke for")
+    assert "Spoke for" in page.locator("#log .turn.user").first.inner_text()  # (under its caption)
     agent = page.locator("#log .turn.agent").first
     assert agent.locator(".text").inner_text().strip() == turn["text"].strip()
     assert "server first packet" in agent.locator(".meta").inner_text()
@@ -329,6 +330,142 @@ def test_function_calls_are_shown_and_answered(new_page: Callable[..., Any], ser
     assert inbound_audio(page)["energy"] > audio["energy"]  # the answer is spoken
     assert app(page, "rtcAgent.events.filter(e => e === 'error').length") == 1  # the refused tools only
     shot(page, artifacts, "call-desktop-function-call-answered")
+    page.get_by_role("button", name="Hang up").click()
+
+
+CAPTION = "conversation.item.input_audio_transcription."
+# Records each state of the caller's entries: {id, text, provisional (the provisional spans' text), busy}.
+WATCH_CAPTIONS = """() => {
+    window.captionLog = [];
+    new MutationObserver(() => {
+        for (const li of document.querySelectorAll('#log li.user[data-item-id]')) {
+            const provisional = [...li.querySelectorAll('.text .provisional')].map(s => s.textContent).join(' ');
+            const entry = {id: li.dataset.itemId, text: li.querySelector('.text').textContent, provisional,
+                           busy: li.getAttribute('aria-busy') === 'true'};
+            const last = captionLog.findLast(e => e.id === entry.id);
+            if (!last || last.text !== entry.text || last.busy !== entry.busy) captionLog.push(entry);
+        }
+    }).observe(document.getElementById('log'), {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+# The caller's entries whose caption is final, says the library and is answered (the next entry is the agent's).
+ANSWERED_CAPTIONS = """[...document.querySelectorAll('#log li.user.captioned:not([aria-busy])')]
+    .filter(li => !li.querySelector('.provisional') && /library/i.test(li.querySelector('.text').textContent)
+                  && li.nextElementSibling && li.nextElementSibling.matches('li.agent'))
+    .map(li => li.dataset.itemId)"""
+
+
+def settings_captions(page: Any, on: bool) -> None:
+    page.get_by_role("button", name="Settings").last.click()
+    page.get_by_label("Show captions of my words").set_checked(on)
+    page.get_by_role("button", name="Apply").click()
+
+
+def next_answered_turn(page: Any) -> Any:
+    """The caller's next entry (after those shown now) once it is over and answered: its locator."""
+    shown = app(page, "document.querySelectorAll('#log li.user').length")
+    wait(page, f"(li => li && !li.classList.contains('live') && li.nextElementSibling && "
+               f"li.nextElementSibling.matches('li.agent'))(document.querySelectorAll('#log li.user')[{shown}])", 90)
+    return page.locator("#log li.user").nth(shown)
+
+
+def test_captions_of_the_callers_words(new_page: Callable[..., Any], asking_browser: Any, server: Server,
+                                       artifacts: Path) -> None:
+    """The caller's words in their transcript entry, provisional (muted, aria-busy) while they speak, then final,
+    above the agent's answer, with how long they spoke under them; turned off in the settings mid-call, the next
+    turns have none."""
+    page = new_page(DESKTOP, the_browser=asking_browser)
+    page.goto(server.url + "/?mode=call")
+    page.evaluate(WATCH_CAPTIONS)
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.sessionInfo && rtcAgent.sessionInfo.input_audio_transcription.model", 10)  # on by default
+    # Not every utterance gets a delta before its final text: the fake microphone asks again until one has.
+    wait(page, f"({ANSWERED_CAPTIONS}).some(id => captionLog.some(e => e.id === id && e.provisional))", 120)
+    item = next(i for i in app(page, ANSWERED_CAPTIONS)
+                if any(e["id"] == i and e["provisional"] for e in app(page, "captionLog")))
+    states = [e for e in app(page, "captionLog") if e["id"] == item]
+    assert all(e["busy"] for e in states if e["provisional"]), states
+    final = states[-1]  # after the provisional words (the wait above): the final text
+    assert not final["provisional"] and not final["busy"] and "library" in final["text"].lower(), states
+    entry = page.locator(f'#log li.user[data-item-id="{item}"]')
+    assert entry.locator(".text").inner_text() == final["text"]
+    assert entry.locator(".meta").inner_text().startswith("Spoke for"), entry.inner_text()
+    events = app(page, "rtcAgent.events")
+    assert f"{CAPTION}delta" in events and f"{CAPTION}completed" in events, events[-40:]
+    shot(page, artifacts, "call-desktop-captions")
+
+    settings_captions(page, False)
+    wait(page, "rtcAgent.sessionInfo.input_audio_transcription === null", 10)
+    assert page.locator("#log .note").filter(has_text="captions off").count() == 1
+    assert app(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).captions") is False
+    off_at = app(page, "rtcAgent.events.lastIndexOf('session.updated')")
+    turn = next_answered_turn(page)
+    assert turn.locator(".text").inner_text().startswith("Spoke for"), turn.inner_text()
+    assert turn.locator(".provisional").count() == 0 and "captioned" not in turn.get_attribute("class")
+    late = [e for e in app(page, "rtcAgent.events")[off_at:] if e.startswith(CAPTION)]
+    assert not late, late
+    assert page.locator("#log li.user[aria-busy]").count() == 0  # no provisional words left anywhere
+    page.get_by_role("button", name="Hang up").click()
+
+
+def test_captions_setting_off_and_on_on_the_phone(new_page: Callable[..., Any], asking_browser: Any,
+                                                 server: Server) -> None:
+    """Off in the settings before the call (saved): the offer asks for none and the turns have none; turned on
+    mid-call, the next turns are captioned in the phone layout's transcript."""
+    page = new_page(PHONE, the_browser=asking_browser)
+    page.goto(server.url + "/?mode=voice")
+    settings_captions(page, False)
+    page.reload()
+    page.get_by_role("button", name="Settings").last.click()
+    assert not page.get_by_label("Show captions of my words").is_checked()  # saved with the others
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.sessionInfo && rtcAgent.sessionInfo.input_audio_transcription === null", 10)  # the offer's
+    turn = next_answered_turn(page)
+    assert turn.locator(".text").inner_text().startswith("Spoke for"), turn.inner_text()
+    assert not [e for e in app(page, "rtcAgent.events") if e.startswith(CAPTION)]
+
+    settings_captions(page, True)
+    wait(page, "rtcAgent.sessionInfo.input_audio_transcription !== null", 10)
+    assert page.locator("#log .note").filter(has_text="captions on").count() == 1
+    wait(page, f"({ANSWERED_CAPTIONS}).length > 0", 90)
+    assert page.locator("#log li.user.captioned").first.is_visible()
+    page.get_by_role("button", name="Hang up").click()
+
+
+def test_kiosk_shows_the_caption_line(new_page: Callable[..., Any], asking_browser: Any, server: Server,
+                                      artifacts: Path) -> None:
+    """The car's layout has no transcript: the caller's last words show large on the stage."""
+    page = new_page({"width": 1024, "height": 600}, the_browser=asking_browser)
+    page.goto(server.url + "/?mode=kiosk")  # starts by itself
+    wait(page, CONNECTED, 20)
+    line = page.locator("#kiosk-caption")
+    wait(page, "/library/i.test(document.getElementById('kiosk-caption').textContent)", 90)
+    assert line.is_visible()
+    shot(page, artifacts, "kiosk-car-caption")
+    assert not page.locator("#log").is_visible()
+
+
+def test_captions_setting_without_a_recogniser(new_page: Callable[..., Any], start_server: Callable[..., Server]
+                                               ) -> None:
+    """A server that makes no captions (/api/config says null): the setting is off, cannot be turned on, and says
+    why; its calls have none."""
+    server = start_server(18120, "--transcription", "off")
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call")
+    page.get_by_role("button", name="Settings").last.click()
+    box = page.get_by_label("Show captions of my words")
+    wait(page, "document.getElementById('captions').disabled", 10)  # once /api/config is in
+    assert not box.is_checked()
+    help_text = page.locator("#captions-help")
+    assert help_text.is_visible() and "no captions" in help_text.inner_text()
+    assert box.get_attribute("aria-describedby") == "captions-help"
+    page.get_by_role("button", name="Apply").click()
+    assert app(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).captions") is True  # (saved)
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.sessionInfo && rtcAgent.sessionInfo.input_audio_transcription === null", 10)
     page.get_by_role("button", name="Hang up").click()
 
 
