@@ -409,7 +409,7 @@ def test_captions_of_the_callers_words(new_page: Callable[..., Any], asking_brow
 
 
 def test_captions_setting_off_and_on_on_the_phone(new_page: Callable[..., Any], asking_browser: Any,
-                                                 server: Server) -> None:
+                                                 server: Server, artifacts: Path) -> None:
     """Off in the settings before the call (saved): the offer asks for none and the turns have none; turned on
     mid-call, the next turns are captioned in the phone layout's transcript."""
     page = new_page(PHONE, the_browser=asking_browser)
@@ -431,6 +431,7 @@ def test_captions_setting_off_and_on_on_the_phone(new_page: Callable[..., Any], 
     assert page.locator("#log .note").filter(has_text="captions on").count() == 1
     wait(page, f"({ANSWERED_CAPTIONS}).length > 0", 90)
     assert page.locator("#log li.user.captioned").first.is_visible()
+    shot(page, artifacts, "voice-phone-captions")
     page.get_by_role("button", name="Hang up").click()
 
 
