@@ -20,7 +20,7 @@ SECURE_RTP = "UDP/TLS/RTP/SAVPF"
 PROTOCOLS = {"audio": {SECURE_RTP}, "video": {SECURE_RTP}, "application": {"UDP/DTLS/SCTP", "DTLS/SCTP"}}
 CODECS = {"audio": {"opus/48000"}, "video": {"vp8/90000", "h264/90000"}}  # what aiortc can take and we use
 DIRECTIONS = {"sendrecv", "sendonly", "recvonly", "inactive"}
-_LINE = re.compile(r"^[a-z]=[^\x00-\x08\x0a-\x1f\x7f]*$")
+_LINE = re.compile(r"^[a-z]=[^\x00-\x08\x0a-\x1f\x7f\ud800-\udfff]*$")  # (a lone surrogate is not text)
 _MEDIA = re.compile(r"^m=(\w+) (\d+)(?:/\d+)? (\S+)((?: \S+)+)$")
 _TOKEN = re.compile(r"^[!#$%&'*+\-.0-9A-Z^_`a-z{|}~]{1,64}$")  # RFC 4566 token: what a mid may be
 _ICE_CHARS = re.compile(r"^[A-Za-z0-9+/]+$")

@@ -35,6 +35,7 @@ def sdp_cases(good: str) -> list[tuple[str, str, str]]:
         ("garbage lines", "v=0\r\nthis is not sdp\r\n", "invalid_sdp"),
         ("a malformed m-line", "v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n", "invalid_sdp"),
         ("no audio line", "v=0\r\ns=-\r\n", "no_audio"),
+        ("a lone surrogate", good + "a=x:\ud800\r\n", "invalid_sdp"),
     ]
 
 
