@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from ..engine.tools import ToolSet
+from .guard import bearer
 from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
 from .realtime_ws import RealtimeSocket
@@ -128,9 +129,8 @@ async def realtime_middleware(request: web.Request, handler: Callable[[web.Reque
 
 
 def _bearer(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[7:]
+    if given := bearer(request.headers.get("Authorization", "")):
+        return given
     for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
         if protocol.strip().startswith(INSECURE_KEY_PROTOCOL):
             return protocol.strip()[len(INSECURE_KEY_PROTOCOL):]
