@@ -29,6 +29,7 @@ class Offer:
     voice: str | None
     instructions: str | None
     resume_token: str | None = None  # a call's token from session.created: a new connection for that call
+    ice: str = ""  # the ICE credentials of its audio line (sdp_offer.check_offer): the same offer again has them
 
 
 @dataclass(frozen=True)
@@ -226,8 +227,7 @@ def parse_offer(body: Any) -> Offer:
     if resume is not None and (not isinstance(resume, str) or not 0 < len(resume) <= 128):
         raise ProtocolError("invalid_value", "resume_token must be the token from session.created")
     voice, instructions = _voice(body.get("voice")), _instructions(body.get("instructions"))
-    check_offer(sdp)
-    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume)
+    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume, ice=check_offer(sdp))
 
 
 # session.update's turn_detection <-> TurnSettings

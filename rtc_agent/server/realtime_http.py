@@ -26,10 +26,10 @@ from aiohttp import web
 
 from ..engine.tools import ToolSet
 from .guard import bearer
-from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
+from .protocol import ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
 from .realtime_ws import RealtimeSocket
-from .signaling import ApiError, call_ended, check_capacity, new_engine_session, open_call
+from .signaling import ApiError, answering, call_ended, check_capacity, new_engine_session, open_call
 from .state import STATE
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,8 @@ async def create_call(request: web.Request) -> web.Response:
     sdp, session = await _call_body(request)
     offer = parse_offer({"type": "offer", "sdp": sdp})
     extra = parse_session(session, state.settings.turn) if session is not None else None
-    call = await open_call(state, Offer(offer.sdp, None, None), realtime=True)
+    with answering(state, offer):
+        call = await open_call(state, offer, realtime=True)
     try:
         for u in (update, extra):  # the client secret's settings, then the call's own
             if u is not None:
