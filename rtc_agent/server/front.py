@@ -9,7 +9,7 @@ is tried once more on another ready one; an offer made again (the same ICE crede
 which refuses it while a call holds it (409 `duplicate_offer`), as one process does. Under /api/ the front first
 runs the guard a media process runs (guard.py: Origin, then the bearer token, then an offer's media type, size and
 read time) and reads an offer as a media process does (strict JSON, the SDP checked): both layouts refuse bad
-input alike, and nothing a caller without the token sends is read or parsed. The front answers the probes itself
+input alike, and nothing a caller without the token sends there is read. The front answers the probes itself
 from what the media processes and the engine report (/healthz, /readyz, /capacity) and merges every process's
 /metrics into one page, each series labelled with its `process`. A Realtime WebSocket is relayed frame by frame.
 """
