@@ -61,8 +61,8 @@ def read_offer(body: bytes) -> Offer:
 
 @contextlib.contextmanager
 def answering(state: ServerState, offer: Offer) -> Iterator[None]:
-    """While `offer` is answered (Sessions.answering): 409 `duplicate_offer` if it already is, or was for a call
-    still connected by it."""
+    """While `offer` is answered (Sessions.answering); 409 `duplicate_offer` when the same offer is being answered
+    already, or a call's connection is its answer."""
     try:
         with state.sessions.answering(offer.ice):
             yield
