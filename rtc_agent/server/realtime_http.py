@@ -207,7 +207,7 @@ async def create_call(request: web.Request) -> web.Response:
 async def _call_body(request: web.Request) -> tuple[str, Any]:
     """(sdp, session JSON or None) from an application/sdp body or a multipart form."""
     if request.content_type == "application/sdp":
-        return await request.text(), None
+        return _form_text(await request.read()), None
     if request.content_type != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send the offer as application/sdp or multipart/form-data")
     form = await request.post()
@@ -220,15 +220,15 @@ async def _call_body(request: web.Request) -> tuple[str, Any]:
 
 
 def _form_text(value: Any) -> str | None:
-    """A form part as text: aiohttp gives str (text/*), bytes or bytearray (other types, as the SDK's
-    application/sdp) or a FileField (a part with a file name)."""
+    """A form part (or an application/sdp body) as text: aiohttp gives str (text/*), bytes or bytearray (other
+    types, as the SDK's application/sdp) or a FileField (a part with a file name)."""
     if hasattr(value, "file"):
         value = value.file.read()
     if isinstance(value, (bytes, bytearray)):
         try:
             return bytes(value).decode()
         except UnicodeDecodeError:
-            raise RealtimeError("invalid_value", "form parts must be UTF-8 text") from None
+            raise RealtimeError("invalid_value", "the SDP and form parts must be UTF-8 text") from None
     return value
 
 
