@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from ..config import Settings
 from ..engine.remote import RemoteEngine
 from ..loop_lag import watched_process
-from .errors import ApiError
+from .errors import UNREADABLE_BODY, ApiError, unreadable_body
 from .guard import bearer, read_body
 from .protocol import Offer
 from .realtime import MAX_EVENT_BYTES
@@ -187,6 +187,8 @@ class Front:
             return ApiError(408, "request_timeout", "the body did not arrive in time").response()
         except web.HTTPRequestEntityTooLarge:
             return ApiError(413, "body_too_large", "the request body is too large").response()
+        except UNREADABLE_BODY:
+            return unreadable_body().response()
         for tries_left in (1, 0):
             try:
                 return await self._forward(process, request, body)
@@ -218,7 +220,10 @@ class Front:
     async def _relay_websocket(self, request: web.Request, process: MediaProcess, new: bool) -> web.StreamResponse:
         """A Realtime WebSocket: the client's frames to the media process and back, until either side closes.
         If the media process dies, the client gets an `error` event, then the close."""
+        client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
         try:
+            if not client.can_prepare(request).ok:  # (no Sec-WebSocket-Key, a wrong version: nothing to relay)
+                return ApiError(400, "bad_request", "the request is not a WebSocket handshake").response()
             upstream = await process.client().ws_connect(
                 f"http://media{request.path_qs}", headers=_forwarded(request.headers, websocket=True),
                 protocols=("realtime",), max_msg_size=0, autoping=True)
@@ -231,7 +236,6 @@ class Front:
         finally:
             if new:
                 process.settle()
-        client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
         await client.prepare(request)
 
         async def to_client() -> None:

@@ -13,7 +13,7 @@ from aiohttp import web
 from yarl import URL
 
 from ..config import Settings
-from .errors import ApiError
+from .errors import UNREADABLE_BODY, ApiError, unreadable_body
 
 log = logging.getLogger(__name__)
 API_PREFIXES = ("/api/",)  # paths guarded here; another API mounted elsewhere adds its prefix
@@ -90,6 +90,8 @@ async def api_guard(request: web.Request, handler: Handler) -> web.StreamRespons
         response = exc.response()
     except web.HTTPRequestEntityTooLarge:
         response = ApiError(413, "body_too_large", "the request body is too large").response()
+    except UNREADABLE_BODY:
+        response = unreadable_body().response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -8,7 +8,8 @@
 - asyncio gives a TLS handshake 60 s (ssl_handshake_timeout's default); a half-open handshake holds only a socket.
 - A request aiohttp cannot parse (a control byte in a header, a line over MAX_HEADER_LINE) gets the contract's
   JSON 400 `bad_request`, logged as one line without its traceback or its bytes (they may hold a token): the
-  client's fault, not the server's. aiohttp answers it before any handler or middleware runs.
+  client's fault, not the server's. aiohttp answers it before any handler or middleware runs. A body it cannot
+  read (a bad gzip, a broken multipart part) is the handlers' 400 `bad_request`, and no traceback either.
 - A flood must not flood the log: each message (logger and format) is written at most LOG_BURST times per
   LOG_WINDOW_S, then the next one says how many were dropped.
 """
@@ -24,7 +25,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from .errors import ApiError
+from .errors import UNREADABLE_BODY, ApiError
 
 log = logging.getLogger(__name__)
 LOG_BURST = 20
@@ -62,9 +63,17 @@ class Runner(web.AppRunner):
 
 
 class _ClientErrors(RequestHandler):
-    """aiohttp's connection handler, but a request it cannot parse is answered with the contract's JSON error."""
+    """aiohttp's connection handler, but a request it cannot parse is answered with the contract's JSON error, and
+    the rest of a body it cannot read (errors.UNREADABLE_BODY: the handler has answered 400) is dropped without a
+    traceback."""
 
     __slots__ = ()
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        if isinstance(kw.get("exc_info"), UNREADABLE_BODY):
+            log.debug("dropped the rest of a request body that cannot be read")
+            return
+        super().log_exception(*args, **kw)
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from ..engine.tools import ToolSet
+from .errors import UNREADABLE_BODY, unreadable_body
 from .guard import bearer
 from .protocol import ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
@@ -119,6 +120,8 @@ async def realtime_middleware(request: web.Request, handler: Callable[[web.Reque
             response = _error(400, exc.code, exc.message, exc.param)
         except web.HTTPRequestEntityTooLarge:
             response = _error(413, "body_too_large", "the request body is too large")
+        except UNREADABLE_BODY:
+            response = _error(400, "bad_request", unreadable_body().message)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise

@@ -134,25 +134,25 @@ def test_content_type_and_origin_are_checked() -> None:
 
 
 async def raw_answer(url: str, request: bytes) -> tuple[int, Any]:
-    """Sends `request` as it is (bytes no HTTP client would write, with `Connection: close`); returns the answer's
-    status and its JSON body (None when it is not JSON)."""
+    """Sends `request` as it is (bytes no HTTP client would write); returns the answer's status and its JSON body
+    (None when it is not JSON)."""
     host, port = url.split("//")[1].split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         writer.write(request)
-        answer = await asyncio.wait_for(reader.read(), 10.0)
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)).lower()
+        length = int(head.split(b"content-length:")[1].split(b"\r\n")[0]) if b"content-length:" in head else 0
+        body = await asyncio.wait_for(reader.readexactly(length), 10.0)
     finally:
         writer.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    json_body = b"content-type: application/json" in head.lower()
+    json_body = b"content-type: application/json" in head
     return int(head.split()[1]), json.loads(body) if json_body else None
 
 
-def request_with(authorization: bytes, method: bytes = b"GET", path: bytes = b"/api/config", body: bytes = b""
-                 ) -> bytes:
+def request_with(authorization: bytes, method: bytes = b"GET", path: bytes = b"/api/config", body: bytes = b"",
+                 headers: bytes = b"Content-Type: application/json\r\n") -> bytes:
     return (method + b" " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " +
-            authorization + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
-            b"\r\n\r\n" + body)
+            authorization + b"\r\n" + headers + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 async def check_authorization_headers(url: str, token: str, body: bytes) -> None:
@@ -172,7 +172,22 @@ async def check_authorization_headers(url: str, token: str, body: bytes) -> None
     assert await error_code(url, json.loads(body), headers={"Authorization": "Bearer wrong"}) == (401, "unauthorized")
 
 
-def test_authorization_headers_get_401_or_the_json_400_and_no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+async def check_unreadable_bodies(url: str, token: str) -> None:
+    """Bodies aiohttp cannot read (a gzip body that is not gzip, a multipart part that is not one), and a
+    WebSocket upgrade without its key, get the JSON 400 `bad_request`."""
+    auth = b"Bearer " + token.encode()
+    for path, headers, body in (
+            (b"/api/offer", b"Content-Type: application/json\r\nContent-Encoding: gzip\r\n", b"not gzip"),
+            (b"/v1/realtime/calls", b"Content-Type: multipart/form-data; boundary=xx\r\n", b"--xx\r\ngarbage")):
+        status, data = await raw_answer(url, request_with(auth, b"POST", path, body, headers))
+        assert (status, data["error"]["code"]) == (400, "bad_request"), path
+    upgrade = (b"GET /v1/realtime?model=tiny HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth +
+               b"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    status, data = await raw_answer(url, upgrade)
+    assert (status, data["error"]["code"]) == (400, "bad_request")
+
+
+def test_bad_authorization_headers_and_unreadable_bodies_get_json_errors_and_no_traceback(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
 
     async def main() -> None:
@@ -180,6 +195,7 @@ def test_authorization_headers_get_401_or_the_json_400_and_no_traceback(caplog: 
             await wait_ready(url)
             body = json.dumps({"sdp": await audio_offer(), "type": "offer"}).encode()
             await check_authorization_headers(url, "s3cret", body)
+            await check_unreadable_bodies(url, "s3cret")
             assert active_calls(app) == 0
             status, data, _ = await post_offer(url, json.loads(body), headers={"Authorization": "bearer s3cret"})
             assert status == 200 and data["session_id"]

@@ -21,7 +21,7 @@ from netns_support import needs_namespaces, private_network, start, stop
 from rtc_support import audio_offer, caller, needs_espeak, run, say
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
 from test_adversarial_connect import WITHIN_S
-from test_adversarial_http import check_authorization_headers, refused_as_listed
+from test_adversarial_http import check_authorization_headers, check_unreadable_bodies, refused_as_listed
 
 PORT = 8080
 URL = f"http://127.0.0.1:{PORT}"
@@ -70,6 +70,7 @@ def test_the_front_refuses_bad_input_as_one_process_does(tmp_path: Path) -> None
                                      ({"Authorization": f"bearer {TOKEN}"}, (400, "invalid_json"))):
                 assert await error_code(URL, raw=deep, headers=headers) == refused, headers
             await check_authorization_headers(URL, TOKEN, json.dumps({"sdp": good, "type": "offer"}).encode())
+            await check_unreadable_bodies(URL, TOKEN)
 
             # offers whose peer never connects (their peer connections are closed): every slot, then none held
             offers = [{"sdp": await audio_offer(), "type": "offer"} for _ in range(SLOTS)]
