@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Captions on a GPU machine (docs/CAPTIONS.md): `rtc-agent serve` with its defaults (full-size synthetic model,
-# media processes, captions on), then A/B in one run on that server: one caller with and without captions, and
-# 24 callers at once with and without captions, alternating (on, off, on, off). Each load test's JSON is kept;
+# media processes, captions on), then A/B in one run on that server: one caller, then 24 callers at once (LOADS),
+# each with and without captions, twice (on, off, on, off). Each load test's JSON is kept;
 # one summary line per run gives heard latency, the captions and each server process's CPU.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says, the Moonshine model files importable as the
 # moonshine_cpp package: PYTHONPATH): OUT=dir bash scripts/device_captions.sh [WAV]
@@ -32,20 +32,15 @@ until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1]
     sleep 2
 done
 grep -m1 "ready:" "$out/serve.log" | cut -c1-200
-for n in 1 2; do
-    for captions in on off; do
-        flag=(); [ "$captions" = off ] && flag=(--no-captions)
-        timeout 120 python3 -m rtc_agent.cli loadtest "$url" --callers 1 --turns 3 --wav "$wav" --json \
-            --ice-host-address 127.0.0.1 "${flag[@]}" > "$out/one-$captions-$n.json" 2> "$out/one-$captions-$n.err"
-        summary "$out/one-$captions-$n.json"
-    done
-done
-for n in 1 2; do
-    for captions in on off; do
-        flag=(); [ "$captions" = off ] && flag=(--no-captions)
-        timeout 240 python3 -m rtc_agent.cli loadtest "$url" --callers "$callers" --turns 3 --wav "$wav" --json \
-            --ice-host-address 127.0.0.1 "${flag[@]}" > "$out/many-$captions-$n.json" 2> "$out/many-$captions-$n.err"
-        summary "$out/many-$captions-$n.json"
+for n in 1 2; do  # (the random-weight model speaks each answer to the --max-answer-s default: 30 s)
+    for load in ${LOADS:-1 $callers}; do
+        for captions in on off; do
+            flag=(); [ "$captions" = off ] && flag=(--no-captions)
+            name="$out/callers$load-$captions-$n"
+            timeout 200 python3 -m rtc_agent.cli loadtest "$url" --callers "$load" --turns "${TURNS:-2}" --wav "$wav" \
+                --json --ice-host-address 127.0.0.1 "${flag[@]}" > "$name.json" 2> "$name.err"
+            summary "$name.json"
+        done
     done
 done
 kill -INT "$server"; wait "$server"

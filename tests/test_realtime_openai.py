@@ -478,6 +478,10 @@ def test_http_errors_cors_and_bad_bodies() -> None:
                                      headers={**auth, "Content-Type": "application/sdp"}) as r:
                     body = await r.json()
                     assert r.status == 400 and set(body["error"]) == {"message", "type", "code", "param"}
+                for sdp in (b"v=0\r\n\xff\r\n", b"v=0\r\na=x:\xed\xa0\x80\r\n"):  # not UTF-8; a surrogate's bytes
+                    async with http.post(f"{url}/v1/realtime/calls", data=sdp,
+                                         headers={**auth, "Content-Type": "application/sdp"}) as r:
+                        assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_value"), sdp
                 async with http.post(f"{url}/v1/realtime/calls", json={"sdp": "v=0"}, headers=auth) as r:
                     assert r.status == 415
                 async with http.post(f"{url}/v1/realtime/client_secrets", headers=auth,

@@ -24,7 +24,7 @@ from ..media.ice import browser_ice_servers, use_host_addresses
 from ..media.outbound import silence_packets
 from . import tls
 from .errors import ApiError
-from .guard import api_guard
+from .guard import SETTINGS, api_guard
 from .limits import Runner, rate_limit_logging
 from .memory_guard import MemoryGuard
 from .metrics import Metrics
@@ -56,6 +56,7 @@ def create_app(settings: Settings, engine: Any = None, memory: Callable[[], Any]
     state.guard = MemoryGuard(read, settings.memory_guard_pct, settings.video_window_s, metrics)
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_guard, realtime_middleware])
     app[STATE] = state
+    app[SETTINGS] = settings
     app.router.add_post("/api/offer", offer)
     app.router.add_get("/api/sessions/{session_id}", session_status)
     app.router.add_delete("/api/sessions/{session_id}", hang_up)

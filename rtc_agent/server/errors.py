@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+# A body aiohttp cannot read: a bad Content-Encoding, a broken chunk, a malformed multipart part
+UNREADABLE_BODY = (RequestPayloadError, HttpProcessingError)
 
 
 class ProtocolError(Exception):
@@ -28,3 +33,9 @@ class ApiError(Exception):
         body = {"error": {"code": self.code, "message": self.message,
                           **({"reason": self.reason} if self.reason else {})}}
         return web.json_response(body, status=self.status, headers=self.headers)
+
+
+def unreadable_body() -> ApiError:
+    """The 400 for a body aiohttp could not read (UNREADABLE_BODY)."""
+    return ApiError(400, "bad_request", "the request body cannot be read (a malformed Content-Encoding, chunk or "
+                    "multipart part)")

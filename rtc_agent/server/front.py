@@ -5,7 +5,11 @@ pass through here. Which one: a request that names a call (its id in the path, a
 client secret as its bearer) goes to the process whose mark ("m2.") the name carries, except a resume offer for
 a process that is not ready (it died: another takes the call over from the engine); a new call goes to the
 ready process with the fewest calls; anything else to the next ready one. An offer whose process does not answer
-is tried once more on another ready one. The front answers the probes itself
+is tried once more on another ready one; an offer made again (the same ICE credentials) goes where the first went,
+which refuses it while a call holds it (409 `duplicate_offer`), as one process does. Under /api/ the front first
+runs the guard a media process runs (guard.py: Origin, then the bearer token, then an offer's media type, size and
+read time) and reads an offer as a media process does (strict JSON, the SDP checked): both layouts refuse bad
+input alike, and nothing a caller without the token sends there is read. The front answers the probes itself
 from what the media processes and the engine report (/healthz, /readyz, /capacity) and merges every process's
 /metrics into one page, each series labelled with its `process`. A Realtime WebSocket is relayed frame by frame.
 """
@@ -13,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,17 +32,21 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from ..config import Settings
 from ..engine.remote import RemoteEngine
 from ..loop_lag import watched_process
-from .errors import ApiError
+from .errors import UNREADABLE_BODY, ApiError, unreadable_body
+from .guard import bearer, read_body
+from .protocol import Offer
 from .realtime import MAX_EVENT_BYTES
+from .signaling import read_offer
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often each media process's /readyz is read
 NEW_CALLS = {("POST", "/api/offer"), ("POST", "/v1/realtime/calls"), ("GET", "/v1/realtime")}
-MARK = re.compile(r"(?:sess_|ek_|Bearer ek_)?(m\d+)\.")
+MARK = re.compile(r"(?:sess_|ek_)?(m\d+)\.")
 CALL_PATH = re.compile(r"^/(?:api/sessions|v1/realtime/calls)/([^/]+)")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "content-length", "te", "trailer",
               "proxy-authorization", "proxy-authenticate", "content-encoding"}
 RETRY_AFTER_S = "5"
+REMEMBERED_OFFERS = 4096  # the ICE credentials of the latest new-call offers, with the process each went to
 
 
 @dataclass
@@ -87,18 +95,14 @@ class Front:
         self.engine_pid = engine_pid
         self.draining = False
         self._turn = itertools.cycle(range(len(media)))
+        self._offered: OrderedDict[str, MediaProcess] = OrderedDict()
 
     # ---- choosing a media process -----------------------------------------------------------------------------
-    def owner(self, request: web.Request, body: bytes) -> MediaProcess | None:
+    def owner(self, request: web.Request, resume_token: str) -> MediaProcess | None:
         """The process a request belongs to, when it names a call or a client secret of one."""
-        names = [request.headers.get("Authorization", "")]
+        names = [bearer(request.headers.get("Authorization", "")), resume_token]
         if (match := CALL_PATH.match(request.path)) is not None:
             names.append(match.group(1))
-        if request.path == "/api/offer" and body:
-            try:
-                names.append(str(json.loads(body).get("resume_token") or ""))
-            except (ValueError, AttributeError):
-                pass  # the media process says what is wrong with the body
         for name in names:
             if (mark := MARK.match(name)) is not None:
                 for process in self.media:
@@ -106,12 +110,18 @@ class Front:
                         return process
         return None
 
-    def least_loaded(self) -> MediaProcess:
-        """The ready process with the fewest calls; the caller `settle`s it once its answer is back."""
+    def least_loaded(self, ice: str = "") -> MediaProcess:
+        """The ready process with the fewest calls, or, for an offer of ICE credentials `ice` made before, the
+        one it went to (there it is known); the caller `settle`s it once its answer is back."""
         ready = [p for p in self.media if p.ready]
         if not ready:
             raise ApiError(503, "not_ready", "no media process is ready", {"Retry-After": RETRY_AFTER_S})
-        process = min(ready, key=lambda p: p.load)
+        before = self._offered.pop(ice, None)
+        process = before if before in ready else min(ready, key=lambda p: p.load)
+        if ice:
+            self._offered[ice] = process
+            if len(self._offered) > REMEMBERED_OFFERS:
+                self._offered.popitem(last=False)
         process.in_flight += 1
         return process
 
@@ -122,9 +132,10 @@ class Front:
                 return process
         return self.media[0]
 
-    def route(self, request: web.Request, body: bytes) -> tuple[MediaProcess, bool]:
-        """The process for a request, and whether it is a new call sent by load (to `settle` once answered)."""
-        process = self.owner(request, body)
+    def route(self, request: web.Request, offer: Offer | None = None) -> tuple[MediaProcess, bool]:
+        """The process for a request (`offer`: its body, if it is an offer), and whether it is a new call sent by
+        load (to `settle` once answered)."""
+        process = self.owner(request, offer.resume_token or "" if offer is not None else "")
         if process is not None and (process.ready or self.draining or request.path != "/api/offer"):
             return process, False
         # (a resume offer whose process died, or is starting again: any ready one takes the call over)
@@ -134,7 +145,7 @@ class Front:
             if self.draining:
                 raise ApiError(503, "draining", "this server is shutting down and takes no new calls",
                                {"Retry-After": RETRY_AFTER_S})
-            return self.least_loaded(), True
+            return self.least_loaded(offer.ice if offer is not None else ""), True
         return self.any_ready(), False
 
     # ---- the media processes' state ------------------------------------------------------------------------
@@ -162,15 +173,22 @@ class Front:
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         try:
             if request.headers.get("Upgrade", "").lower() == "websocket":
-                return await self._relay_websocket(request, *self.route(request, b""))
-            body = await asyncio.wait_for(request.read(), self.settings.request_timeout_s)
-            process, new = self.route(request, body)
+                return await self._relay_websocket(request, *self.route(request))
+            offer: Offer | None = None
+            if (request.method, request.path) == ("POST", "/api/offer"):  # (api_guard has checked the caller)
+                body = await read_body(request, ("application/json",))
+                offer = read_offer(body)
+            else:
+                body = await asyncio.wait_for(request.read(), self.settings.request_timeout_s)
+            process, new = self.route(request, offer)
         except ApiError as exc:
             return exc.response()
         except asyncio.TimeoutError:
             return ApiError(408, "request_timeout", "the body did not arrive in time").response()
         except web.HTTPRequestEntityTooLarge:
             return ApiError(413, "body_too_large", "the request body is too large").response()
+        except UNREADABLE_BODY:
+            return unreadable_body().response()
         for tries_left in (1, 0):
             try:
                 return await self._forward(process, request, body)
@@ -184,7 +202,7 @@ class Front:
             if not tries_left or (request.method, request.path) not in NEW_CALLS:
                 break
             try:  # an offer (a new call, or a resume: the engine kept the call) goes to another ready process
-                process, new = self.route(request, body)
+                process, new = self.route(request, offer)
             except ApiError as exc:
                 return exc.response()
         return ApiError(502, "media_process_unavailable", "the process that holds this call is not answering; "
@@ -202,7 +220,10 @@ class Front:
     async def _relay_websocket(self, request: web.Request, process: MediaProcess, new: bool) -> web.StreamResponse:
         """A Realtime WebSocket: the client's frames to the media process and back, until either side closes.
         If the media process dies, the client gets an `error` event, then the close."""
+        client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
         try:
+            if not client.can_prepare(request).ok:  # (no Sec-WebSocket-Key, a wrong version: nothing to relay)
+                return ApiError(400, "bad_request", "the request is not a WebSocket handshake").response()
             upstream = await process.client().ws_connect(
                 f"http://media{request.path_qs}", headers=_forwarded(request.headers, websocket=True),
                 protocols=("realtime",), max_msg_size=0, autoping=True)
@@ -215,7 +236,6 @@ class Front:
         finally:
             if new:
                 process.settle()
-        client = web.WebSocketResponse(protocols=("realtime",), heartbeat=20.0, max_msg_size=MAX_EVENT_BYTES)
         await client.prepare(request)
 
         async def to_client() -> None:

@@ -1,6 +1,7 @@
 """What every API request passes before its handler: the Origin allow-list (with CORS for allowed origins), the
 bearer token, and, for handlers that read a body, its media type, size and read time. Every failure, and any
-exception a handler lets out, becomes the contract's JSON error (errors.ApiError)."""
+exception a handler lets out, becomes the contract's JSON error (errors.ApiError). The front of the process split
+(front.py) runs the same guard before it reads a body, so both layouts refuse the same input the same way."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,8 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from yarl import URL
 
-from .errors import ApiError
-from .state import STATE
+from ..config import Settings
+from .errors import UNREADABLE_BODY, ApiError, unreadable_body
 
 log = logging.getLogger(__name__)
 API_PREFIXES = ("/api/",)  # paths guarded here; another API mounted elsewhere adds its prefix
@@ -20,14 +21,21 @@ CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type"
 CORS_MAX_AGE_S = 600
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SETTINGS = web.AppKey("rtc_agent_settings", Settings)  # what the guard checks against (set by create_app, the front)
+
+
+def bearer(header: str) -> str:
+    """The credentials of an `Authorization: Bearer <credentials>` header, '' for another scheme or none; the
+    scheme in any case (RFC 7235: `bearer` is `Bearer`)."""
+    scheme, _, credentials = header.partition(" ")
+    return credentials.lstrip(" ") if scheme.lower() == "bearer" else ""
 
 
 def check_token(request: web.Request, token: str | None) -> None:
     """Constant-time bearer check. A header that is not latin-1 text cannot hold the token: it is just wrong."""
     if not token or request.method == "OPTIONS":
         return
-    header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else ""
+    given = bearer(request.headers.get("Authorization", ""))
     try:
         given_bytes = given.encode("utf-8")
     except UnicodeEncodeError:  # aiohttp keeps undecodable header bytes as lone surrogates
@@ -67,7 +75,7 @@ def _cors(origin: str, response: web.StreamResponse) -> None:
 async def api_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not request.path.startswith(API_PREFIXES):
         return await handler(request)
-    settings = request.app[STATE].settings
+    settings = request.app[SETTINGS]
     origin: str | None = None
     try:
         origin = cross_origin(request, settings.allowed_origins)
@@ -82,6 +90,8 @@ async def api_guard(request: web.Request, handler: Handler) -> web.StreamRespons
         response = exc.response()
     except web.HTTPRequestEntityTooLarge:
         response = ApiError(413, "body_too_large", "the request body is too large").response()
+    except UNREADABLE_BODY:
+        response = unreadable_body().response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -97,7 +107,7 @@ async def api_guard(request: web.Request, handler: Handler) -> web.StreamRespons
 async def read_body(request: web.Request, content_types: tuple[str, ...]) -> bytes:
     """The request body, if it is one of `content_types`, within the size limit, and read within the request
     timeout (a client trickling its body a byte at a time must not hold the handler)."""
-    settings = request.app[STATE].settings
+    settings = request.app[SETTINGS]
     if request.content_type not in content_types:
         raise ApiError(415, "unsupported_media_type", f"the body must be {' or '.join(content_types)}")
     limit = settings.max_body_bytes

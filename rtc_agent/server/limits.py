@@ -6,6 +6,10 @@
 - aiohttp has no connection limit: a connection accepted beyond `max_connections` is closed at once, so the
   process keeps file descriptors for calls however many connections a client opens.
 - asyncio gives a TLS handshake 60 s (ssl_handshake_timeout's default); a half-open handshake holds only a socket.
+- A request aiohttp cannot parse (a control byte in a header, a line over MAX_HEADER_LINE) gets the contract's
+  JSON 400 `bad_request`, logged as one line without its traceback or its bytes (they may hold a token): the
+  client's fault, not the server's. aiohttp answers it before any handler or middleware runs. A body it cannot
+  read (a bad gzip, a broken multipart part) is the handlers' 400 `bad_request`, and no traceback either.
 - A flood must not flood the log: each message (logger and format) is written at most LOG_BURST times per
   LOG_WINDOW_S, then the next one says how many were dropped.
 """
@@ -13,11 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any, Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from .errors import UNREADABLE_BODY, ApiError
 
 log = logging.getLogger(__name__)
 LOG_BURST = 20
@@ -38,6 +46,7 @@ class Runner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
+        server.__class__ = _Server  # (aiohttp's own, but for the connection handler it makes: see _Server)
         register = server.connection_made
         limit, refused = self._max_connections, self._on_refused
         loop = asyncio.get_running_loop()
@@ -51,6 +60,37 @@ class Runner(web.AppRunner):
 
         server.connection_made = connection_made  # type: ignore[method-assign]  (the Server's per-connection hook)
         return server
+
+
+class _ClientErrors(RequestHandler):
+    """aiohttp's connection handler, but a request it cannot parse is answered with the contract's JSON error, and
+    the rest of a body it cannot read (errors.UNREADABLE_BODY: the handler has answered 400) is dropped without a
+    traceback."""
+
+    __slots__ = ()
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        if isinstance(kw.get("exc_info"), UNREADABLE_BODY):
+            log.debug("dropped the rest of a request body that cannot be read")
+            return
+        super().log_exception(*args, **kw)
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status >= 500 or request.writer.output_size > 0:  # a bug (logged with its traceback), or too late
+            return super().handle_error(request, status, exc, message)
+        what = re.split(r"[:'\"\n]", message or "", maxsplit=1)[0].strip()[:200] or "malformed"  # (not its bytes)
+        log.info("refused a request from %s that is not valid HTTP (%d: %s)", request.remote, status, what)
+        response = ApiError(status, "bad_request", f"the request is not valid HTTP: {what}").response()
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    """aiohttp's Server, making _ClientErrors connection handlers (it has no setting for their class)."""
+
+    def __call__(self) -> RequestHandler:
+        return _ClientErrors(self, loop=self._loop, **self._kwargs)
 
 
 class RateLimit(logging.Filter):

@@ -42,6 +42,7 @@ from ..cli import configure_logging
 from ..config import Settings
 from . import tls
 from .front import Front, MediaProcess
+from .guard import SETTINGS, api_guard
 from .limits import Runner, rate_limit_logging
 
 log = logging.getLogger("rtc_agent.server")
@@ -232,7 +233,8 @@ async def serve_split(settings: Settings, count: int) -> int:
     supervisor = Supervisor(settings, count)
     engine = RemoteEngine(supervisor.engine_socket, "front")
     front = Front(settings, supervisor.media, engine, supervisor.engine.pid)
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[api_guard])
+    app[SETTINGS] = settings
     app.router.add_get("/healthz", front.healthz)
     app.router.add_get("/readyz", front.readyz)
     app.router.add_get("/capacity", front.capacity)

@@ -35,6 +35,7 @@ class Offer:
     instructions: str | None
     resume_token: str | None = None  # a call's token from session.created: a new connection for that call
     transcription: TranscriptionChange = None  # input_audio_transcription (None: the server's default)
+    ice: str = ""  # the ICE credentials of its audio line (sdp_offer.check_offer): the same offer again has them
 
 
 @dataclass(frozen=True)
@@ -261,8 +262,8 @@ def parse_offer(body: Any) -> Offer:
     voice, instructions = _voice(body.get("voice")), _instructions(body.get("instructions"))
     transcription = transcription_setting(body["input_audio_transcription"], "input_audio_transcription") \
         if "input_audio_transcription" in body else None
-    check_offer(sdp)
-    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume, transcription=transcription)
+    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume, ice=check_offer(sdp),
+                 transcription=transcription)
 
 
 # session.update's turn_detection <-> TurnSettings

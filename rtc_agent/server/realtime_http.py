@@ -13,7 +13,6 @@ what authorizes a request.
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import hmac
 import logging
@@ -26,10 +25,12 @@ from aiohttp import web
 
 from ..engine.tools import ToolSet
 from ..media.captions import Transcription
-from .protocol import Offer, ProtocolError, SessionUpdate, parse_offer
+from .errors import UNREADABLE_BODY, unreadable_body
+from .guard import bearer
+from .protocol import ProtocolError, SessionUpdate, parse_offer
 from .realtime import MAX_EVENT_BYTES, RealtimeError, parse_json, parse_session, session_object
 from .realtime_ws import RealtimeSocket
-from .signaling import ApiError, call_ended, check_capacity, new_engine_session, open_call
+from .signaling import ApiError, answering, call_ended, check_capacity, new_engine_session, open_call
 from .state import STATE
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ async def realtime_middleware(request: web.Request, handler: Callable[[web.Reque
             response = _error(400, exc.code, exc.message, exc.param)
         except web.HTTPRequestEntityTooLarge:
             response = _error(413, "body_too_large", "the request body is too large")
+        except UNREADABLE_BODY:
+            response = _error(400, "bad_request", unreadable_body().message)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -129,9 +132,8 @@ async def realtime_middleware(request: web.Request, handler: Callable[[web.Reque
 
 
 def _bearer(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[7:]
+    if given := bearer(request.headers.get("Authorization", "")):
+        return given
     for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
         if protocol.strip().startswith(INSECURE_KEY_PROTOCOL):
             return protocol.strip()[len(INSECURE_KEY_PROTOCOL):]
@@ -194,7 +196,8 @@ async def create_call(request: web.Request) -> web.Response:
     sdp, session = await _call_body(request)
     offer = parse_offer({"type": "offer", "sdp": sdp})
     extra = parse_session(session, state.settings.turn) if session is not None else None
-    call = await open_call(state, Offer(offer.sdp, None, None), realtime=True)
+    with answering(state, offer):
+        call = await open_call(state, offer, realtime=True)
     try:
         for u in (update, extra):  # the client secret's settings, then the call's own
             if u is not None:
@@ -209,7 +212,7 @@ async def create_call(request: web.Request) -> web.Response:
 async def _call_body(request: web.Request) -> tuple[str, Any]:
     """(sdp, session JSON or None) from an application/sdp body or a multipart form."""
     if request.content_type == "application/sdp":
-        return await request.text(), None
+        return _form_text(await request.read()), None
     if request.content_type != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send the offer as application/sdp or multipart/form-data")
     form = await request.post()
@@ -222,15 +225,15 @@ async def _call_body(request: web.Request) -> tuple[str, Any]:
 
 
 def _form_text(value: Any) -> str | None:
-    """A form part as text: aiohttp gives str (text/*), bytes or bytearray (other types, as the SDK's
-    application/sdp) or a FileField (a part with a file name)."""
+    """A form part (or an application/sdp body) as text: aiohttp gives str (text/*), bytes or bytearray (other
+    types, as the SDK's application/sdp) or a FileField (a part with a file name)."""
     if hasattr(value, "file"):
         value = value.file.read()
     if isinstance(value, (bytes, bytearray)):
         try:
             return bytes(value).decode()
         except UnicodeDecodeError:
-            raise RealtimeError("invalid_value", "form parts must be UTF-8 text") from None
+            raise RealtimeError("invalid_value", "the SDP and form parts must be UTF-8 text") from None
     return value
 
 

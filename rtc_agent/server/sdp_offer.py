@@ -20,7 +20,7 @@ SECURE_RTP = "UDP/TLS/RTP/SAVPF"
 PROTOCOLS = {"audio": {SECURE_RTP}, "video": {SECURE_RTP}, "application": {"UDP/DTLS/SCTP", "DTLS/SCTP"}}
 CODECS = {"audio": {"opus/48000"}, "video": {"vp8/90000", "h264/90000"}}  # what aiortc can take and we use
 DIRECTIONS = {"sendrecv", "sendonly", "recvonly", "inactive"}
-_LINE = re.compile(r"^[a-z]=[^\x00-\x08\x0a-\x1f\x7f]*$")
+_LINE = re.compile(r"^[a-z]=[^\x00-\x08\x0a-\x1f\x7f\ud800-\udfff]*$")  # (a lone surrogate is not text)
 _MEDIA = re.compile(r"^m=(\w+) (\d+)(?:/\d+)? (\S+)((?: \S+)+)$")
 _TOKEN = re.compile(r"^[!#$%&'*+\-.0-9A-Z^_`a-z{|}~]{1,64}$")  # RFC 4566 token: what a mid may be
 _ICE_CHARS = re.compile(r"^[A-Za-z0-9+/]+$")
@@ -72,7 +72,9 @@ def _sections(sdp: str) -> tuple[_Section, list[_Section]]:
     return session, media
 
 
-def _check_transport(session: _Section, section: _Section) -> None:
+def _check_transport(session: _Section, section: _Section) -> str:
+    """Raises ProtocolError unless `section` has ICE credentials and a DTLS fingerprint; returns the credentials
+    (`ufrag pwd`)."""
     where = f"the {section.kind} line (line {section.number})"
     ufrag = section.first("ice-ufrag") or session.first("ice-ufrag")
     pwd = section.first("ice-pwd") or session.first("ice-pwd")
@@ -86,6 +88,7 @@ def _check_transport(session: _Section, section: _Section) -> None:
     setup = section.first("setup") or session.first("setup")
     if setup is not None and setup not in ("actpass", "active", "passive"):
         raise _invalid(f"{where} has a=setup:{setup[:20]!r}")
+    return f"{ufrag} {pwd}"
 
 
 def _check_codecs(section: _Section) -> None:
@@ -110,8 +113,9 @@ def _direction(session: _Section, section: _Section) -> str:
     return "sendrecv"
 
 
-def check_offer(sdp: str) -> None:
-    """Checks `sdp` (an offer's text); raises ProtocolError when a call cannot be made of it."""
+def check_offer(sdp: str) -> str:
+    """Checks `sdp` (an offer's text); raises ProtocolError when a call cannot be made of it. Returns the ICE
+    credentials of its audio line (`ufrag pwd`), by which the same offer made again is known."""
     if not sdp.startswith("v=0"):
         raise _invalid("an SDP offer starts with v=0")
     session, media = _sections(sdp)
@@ -124,7 +128,7 @@ def check_offer(sdp: str) -> None:
         if count > 1:
             raise _invalid(f"the offer has {count} {kind} lines: at most one audio, one video and one data channel "
                            "line are taken")
-    mids = []
+    mids, ice = [], ""
     for section in media:
         where = f"the {section.kind} line (line {section.number})"
         if section.protocol not in PROTOCOLS[section.kind]:
@@ -134,7 +138,8 @@ def check_offer(sdp: str) -> None:
         if mid is None or not _TOKEN.match(mid) or mid in mids:
             raise _invalid(f"{where} needs a unique a=mid (a token of 1-64 characters)")
         mids.append(mid)
-        _check_transport(session, section)
+        credentials = _check_transport(session, section)
+        ice = credentials if section.kind == "audio" else ice
         _check_codecs(section)
         direction = _direction(session, section)
         if section.kind == "audio" and (section.port == 0 or direction in ("recvonly", "inactive")):
@@ -146,3 +151,4 @@ def check_offer(sdp: str) -> None:
         missing = [name for name in names if name not in mids]
         if semantics == "BUNDLE" and (missing or not names):
             raise _invalid(f"a=group:BUNDLE names a mid that no media line has: {(missing or [''])[0][:64]!r}")
+    return ice

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import secrets
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
@@ -27,7 +28,9 @@ from .protocol import (CancelResponse, Commit, CreateResponse, ProtocolError, Se
 from .realtime import RealtimeEvents
 
 log = logging.getLogger(__name__)
-FIRST_AUDIO_TIMEOUT_S = 8.0  # ICE and DTLS must be through by then (a failed ICE is freed within 10 s)
+# The connect deadline: ICE and DTLS must be through, and the first audio in, this long after the offer is applied
+# (a call that never connected then ends: a failed ICE, or an offer nobody answers, is freed within 10 s)
+FIRST_AUDIO_TIMEOUT_S = 8.0
 MAX_PENDING_EVENTS = 256
 DRAIN_S = 1.0  # how long a last event may take to leave before the call is hung up
 
@@ -80,19 +83,25 @@ class EventChannel:
 class CallSession:
     """One call. Its peer connection may change: when the connection dies (no audio for `peer_timeout_s`, or
     ICE failed) the call is parked for `resume_window_s` with its conversation and engine session intact, and
-    an offer carrying the call's resume token attaches a new peer connection to it (aiortc has no ICE restart)."""
+    an offer carrying the call's resume token attaches a new peer connection to it (aiortc has no ICE restart).
+    Only a caller who has its resume token (`session.created`, on the data channel) can come back: a call that
+    never connected, or a Realtime client's, ends instead of being parked."""
 
     def __init__(self, settings: Settings, pc: RTCPeerConnection, engine_session: EngineSession,
                  vad: SpeechProbability, metrics: Metrics, describe: dict[str, Any], voice: str, instructions: str,
                  on_closed: Callable[["CallSession"], None], realtime: bool = False,
                  end_of_turn: EndOfTurnScorer | None = None, tag: str = "", moved: bool = False,
-                 captions: CaptionPool | None = None, transcription: Transcription | None = None) -> None:
+                 ice: str = "", captions: CaptionPool | None = None,
+                 transcription: Transcription | None = None) -> None:
         """`moved`: the call of a media process that died, its engine session taken over here: the caller is told
         with an `error` event after `session.created` (the call has a new id and resume token, of this process).
-        `captions`: the process's speech recogniser; `transcription`: this call's captions setting."""
+        `ice`: the ICE credentials of the offer `pc` answers (Sessions.answering). `captions`: the process's speech
+        recogniser; `transcription`: this call's captions setting."""
         speech = bool(describe.get("speech", True))
         self.id = f"sess_{tag}{secrets.token_urlsafe(9)}"
         self.resume_token = tag + secrets.token_urlsafe(24)
+        self.ice = ice
+        self._token_sent = False  # session.created (with the resume token) went out: the caller can resume
         self._moved = moved
         self.settings = settings
         self.pc = pc
@@ -158,6 +167,7 @@ class CallSession:
         elif self.realtime is None and channel.label == "events":
             self.events.attach(channel, self._guarded(self._on_message))
             self.events.send({"type": "session.created", "session": self.description()})
+            self._token_sent = True
             if self._moved:
                 self._moved = False
                 self.events.send(error_event("media_process_failed", "the server process that carried this call "
@@ -276,11 +286,12 @@ class CallSession:
             self.close("internal error")
 
     def lose(self, reason: str) -> None:
-        """The caller's connection died: park the call for a resume, or end it when resuming is off."""
+        """The caller's connection died: park the call for a resume, or end it when resuming is off or the caller
+        has no resume token to come back with (it never connected: its slot comes back at once)."""
         if self.closing or self.parked:
             return
-        if self.settings.resume_window_s <= 0:
-            self.close(f"peer gone ({reason})")
+        if self.settings.resume_window_s <= 0 or not self._token_sent:
+            self.close(f"peer gone ({reason})" if self._token_sent else f"never connected ({reason})")
             return
         log.info("call %s: connection lost (%s); waiting %g s for a resume", self.id, reason,
                  self.settings.resume_window_s)
@@ -308,14 +319,15 @@ class CallSession:
         self._expiry = None
         self.close(f"peer gone ({reason}), not resumed")
 
-    def resume(self, pc: RTCPeerConnection, track: OutboundAudioTrack) -> None:
-        """Goes on with a new peer connection (its offer about to be answered with `track`), same conversation."""
+    def resume(self, pc: RTCPeerConnection, track: OutboundAudioTrack, ice: str) -> None:
+        """Goes on with a new peer connection (its offer, of ICE credentials `ice`, about to be answered with
+        `track`), same conversation."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
         else:  # the old connection still looks alive to us (the caller noticed first): let it go now
             self._drop_connection()
-        self.pc, self.track = pc, track
+        self.pc, self.track, self.ice = pc, track, ice
         self.conversation.use_track(track)
         self._wire(pc)
         log.info("call %s resumed with a new peer connection", self.id)
@@ -371,6 +383,10 @@ class Full(Exception):
     pass
 
 
+class Duplicate(Exception):
+    """An offer already answered (or being answered): its peer can connect to one answer only."""
+
+
 class Sessions:
     """The registry of calls, with the capacity limit (slots are reserved while an offer is being answered)."""
 
@@ -379,6 +395,7 @@ class Sessions:
         self.metrics = metrics
         self._calls: dict[str, CallSession] = {}
         self._reserved = 0
+        self._answering: set[str] = set()  # the ICE credentials of offers being answered
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -395,6 +412,19 @@ class Sessions:
 
     def release(self) -> None:
         self._reserved -= 1
+
+    @contextlib.contextmanager
+    def answering(self, ice: str) -> Iterator[None]:
+        """While an offer of ICE credentials `ice` is answered (until its call is added): the same offer again,
+        now or while a call's connection answers it, raises Duplicate. (A peer connects to one answer: a second
+        call for its offer could only hold a slot until its connect deadline.)"""
+        if ice in self._answering or any(isinstance(c, CallSession) and c.ice == ice for c in self._calls.values()):
+            raise Duplicate
+        self._answering.add(ice)
+        try:
+            yield
+        finally:
+            self._answering.discard(ice)
 
     def add(self, call: CallSession) -> None:
         self._calls[call.id] = call

@@ -2,10 +2,10 @@
 whether it is here, DELETE /api/sessions/{id} hangs up."""
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import functools
 import logging
-from typing import Any
+from typing import Any, Iterator
 
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -24,7 +24,7 @@ from .errors import ApiError, ProtocolError
 from .guard import read_body
 from .metrics import Metrics
 from .protocol import OFF, Offer, parse_offer
-from .sessions import CallSession, Full
+from .sessions import CallSession, Duplicate, Full
 from .state import STATE, ServerState
 
 log = logging.getLogger(__name__)
@@ -39,21 +39,38 @@ async def offer(request: web.Request) -> web.Response:
     try:
         return await _offer(request, state)
     except ApiError as exc:
-        if exc.status in (400, 408, 413, 415):
+        if exc.status in (400, 408, 409, 413, 415):
             state.metrics.rejected.labels("bad_request").inc()
         raise
 
 
 async def _offer(request: web.Request, state: ServerState) -> web.Response:
-    body = await read_body(request, ("application/json",))
+    parsed = read_offer(await read_body(request, ("application/json",)))
+    with answering(state, parsed):
+        if parsed.resume_token is not None:
+            return await _resume_call(state, parsed)
+        call = await open_call(state, parsed)
+    return _answer_response(call.pc, call.id)
+
+
+def read_offer(body: bytes) -> Offer:
+    """An offer's body, parsed and checked (400 with the contract's code when it is not an offer)."""
     try:
-        parsed = parse_offer(json_input.loads(body))
+        return parse_offer(json_input.loads(body))
     except ProtocolError as exc:
         raise ApiError(400, exc.code, exc.message) from None
-    if parsed.resume_token is not None:
-        return await _resume_call(state, parsed)
-    call = await open_call(state, parsed)
-    return _answer_response(call.pc, call.id)
+
+
+@contextlib.contextmanager
+def answering(state: ServerState, offer: Offer) -> Iterator[None]:
+    """While `offer` is answered (Sessions.answering); 409 `duplicate_offer` when the same offer is being answered
+    already, or a call's connection is its answer."""
+    try:
+        with state.sessions.answering(offer.ice):
+            yield
+    except Duplicate:
+        raise ApiError(409, "duplicate_offer", "this offer (its ICE credentials) has already been answered: each "
+                       "call, and each resume, needs a new peer connection's offer") from None
 
 
 def check_capacity(state: ServerState) -> None:
@@ -114,7 +131,7 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
         return _answer_response(call.pc, call.id)
     pc = RTCPeerConnection(rtc_configuration(state.settings.ice_servers))
     track = OutboundAudioTrack()
-    call.resume(pc, track)  # before the offer is applied: that is when the caller's tracks arrive
+    call.resume(pc, track, offer.ice)  # before the offer is applied: that is when the caller's tracks arrive
     try:
         await _answer_offer(pc, offer.sdp, track, state.metrics)
     except BaseException:
@@ -182,8 +199,8 @@ async def _new_call(state: ServerState, offer: Offer, engine_session: EngineSess
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
     call = CallSession(settings, pc, engine_session, vad, state.metrics, state.engine.describe(), voice,
                        instructions, on_closed=functools.partial(call_ended, state, vad), realtime=realtime,
-                       end_of_turn=end_of_turn, tag=state.tag, moved=moved, captions=state.captions,
-                       transcription=transcription)
+                       end_of_turn=end_of_turn, tag=state.tag, moved=moved, ice=offer.ice,
+                       captions=state.captions, transcription=transcription)
     if isinstance(engine_session, RemoteSession) and not realtime and settings.resume_window_s > 0:
         engine_session.resumable(call.resume_token, settings.resume_window_s, {"id": call.id})
     try:

@@ -8,6 +8,7 @@ import pytest
 from rtc_agent.config import build_settings
 from rtc_agent.server import json_input
 from rtc_agent.server.errors import ProtocolError
+from rtc_agent.server.guard import bearer
 from rtc_agent.server.limits import RateLimit
 
 
@@ -49,3 +50,10 @@ def test_limit_settings_come_from_flags_env_and_file(tmp_path) -> None:
     assert s.allowed_origins == ("https://a.example", "https://b.example")
     with pytest.raises(ValueError):
         build_settings({"idle_timeout_s": -1.0}, env={})
+
+
+@pytest.mark.parametrize("header, credentials", [("Bearer s3cret", "s3cret"), ("bearer s3cret", "s3cret"),
+                                                 ("BEARER  s3cret", "s3cret"), ("Basic s3cret", ""),
+                                                 ("Bearers3cret", ""), ("s3cret", ""), ("", "")])
+def test_the_bearer_scheme_is_read_in_any_case(header: str, credentials: str) -> None:
+    assert bearer(header) == credentials
