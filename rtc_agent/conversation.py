@@ -373,13 +373,14 @@ class Conversation:
         if not self._in_turn:
             raise ConversationError("input_audio_buffer_commit_empty", "no speech since the last turn")
         if self._detector.active and self._turn_confirmed:
-            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms)
+            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms, item_id=self._item_id)
         self._detector.reset()
         self._end_turn(respond=respond)
 
     def clear_input(self) -> None:
         """input_audio_buffer.clear: the speech of the turn in progress (not yet committed) is dropped. Speech
         committed without an answer yet shares the engine's turn with it and is dropped too."""
+        cleared = self._item_id if self._in_turn else None
         if self._in_turn:
             self._in_turn = self._turn_confirmed = False
             self._detector.reset()
@@ -388,7 +389,7 @@ class Conversation:
                 self._captions.drop()
         self._unpushed.clear()
         self._paused = None
-        self._emit("input_audio_buffer.cleared")
+        self._emit("input_audio_buffer.cleared", item_id=cleared)
 
     def add_text(self, text: str) -> None:
         """A typed message from the caller: it joins the caller's turn; `create_response` answers it."""

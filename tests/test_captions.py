@@ -237,3 +237,30 @@ def test_the_pool_runs_finals_before_provisionals() -> None:
 
     run(main())
     assert order == [0, 3, 1, 2]
+
+
+@needs_espeak
+def test_a_part_of_a_turn_not_yet_speech_is_said_only_once_the_turn_counts(pool: CaptionPool) -> None:
+    """A part that ends (a pause) before the turn is confirmed waits: a false start drops it unsaid, a
+    confirmation (or a push-to-talk commit) lets it out."""
+    said = Recorder()
+    hello = chunks_of(np.concatenate([np.zeros(RATE // 10, np.float32), speech("Good morning, how are you today?", RATE),
+                                      np.zeros(RATE // 2, np.float32)]))
+
+    async def main() -> None:
+        captions = Captions(pool, said)
+        for item, confirm in (("item_dropped", False), ("item_confirmed", True)):
+            captions.begin(item, hello[:1])
+            for chunk in hello[1:]:
+                captions.add(chunk, loud(chunk))
+            await settle(pool)
+            assert not said.events, said.events  # the part is over and transcribed, but not said
+            if confirm:
+                captions.confirm()
+            else:
+                captions.drop()
+            await settle(pool)
+
+    run(main())
+    assert {e["item_id"] for e in said.events} == {"item_confirmed"}, said.events
+    assert "morning" in words(said.text("item_confirmed")), said.events

@@ -155,6 +155,8 @@ class _Turn:
 
     item_id: str
     transcripts: list[str | None] = dataclasses.field(default_factory=list)
+    confirmed: bool = False  # its speech lasted min_speech_ms, or it was committed: its captions may go out
+    held: list["_Part"] = dataclasses.field(default_factory=list)  # parts done before that, not yet said
 
 
 @dataclasses.dataclass
@@ -191,7 +193,6 @@ class Captions:
         self._pool = pool
         self._emit = emit
         self._turn: _Turn | None = None  # the turn in progress
-        self._confirmed = False
         self._part: _Part | None = None  # the part being spoken
         self._finishing: list[_Part] = []  # parts over, waiting for their final
         self._lead_in: collections.deque[np.ndarray] = collections.deque(maxlen=LEAD_IN_CHUNKS)
@@ -201,13 +202,14 @@ class Captions:
     def begin(self, item_id: str, chunks: list[np.ndarray]) -> None:
         """A new turn (its pre-roll and first speech), for the item `item_id`."""
         self.end()
-        self._turn, self._confirmed = _Turn(item_id), False
+        self._turn = _Turn(item_id)
         self._part = _Part(self._turn, list(chunks))
         self._part.speech_end = self._part.samples
 
     def confirm(self) -> None:
         """The turn is speech (it lasted min_speech_ms): its captions may go out."""
-        self._confirmed = True
+        if self._turn is not None:
+            self._say_held(self._turn)
         if self._part is not None:
             self._ask(self._part)
 
@@ -249,19 +251,21 @@ class Captions:
         one per part (None: on its way)."""
         turn = self._turn
         self.flush()
-        self._turn, self._confirmed = None, False
+        self._turn = None
         self._lead_in.clear()
         if turn is None:
             return []
+        self._say_held(turn)  # (a push-to-talk turn may be committed before it counts as speech)
         pending = sum(p.turn is turn and p.index < 0 for p in self._finishing)  # (numbered when they are in)
         return [*turn.transcripts, *[None] * pending]
 
     def drop(self) -> None:
         """The turn is dropped (a false start, or the client cleared it): nothing more is said of it."""
-        if self._part is not None:
-            self._cancel(self._part)
-            self._part = None
-        self._turn, self._confirmed = None, False
+        turn, self._turn, self._part = self._turn, None, None
+        for part in [p for p in self._finishing if p.turn is turn] + (turn.held if turn else []):
+            self._cancel(part)
+            if part in self._finishing:
+                self._finishing.remove(part)
         self._lead_in.clear()
 
     def close(self) -> None:
@@ -274,7 +278,7 @@ class Captions:
     # ---- parts ----------------------------------------------------------------------------------------------
     def _ask(self, part: _Part) -> None:
         """A provisional transcript, UPDATE_S after the last one (one waiting at a time)."""
-        if not self._confirmed or part.provisional is not None or part.samples - part.asked_at < UPDATE_S * RATE:
+        if not part.turn.confirmed or part.provisional is not None or part.samples - part.asked_at < UPDATE_S * RATE:
             return
         part.asked_at = part.samples
         part.provisional = Job(part.audio(), tuple(part.committed), False,
@@ -317,6 +321,7 @@ class Captions:
 
     def _cancel(self, part: _Part) -> None:
         part.done = True
+        part.final_words = None
         for job in (part.provisional, part.final):
             if job is not None:
                 job.cancelled = True
@@ -370,6 +375,9 @@ class Captions:
     def _complete(self, part: _Part) -> None:
         part.done = True
         self._finishing.remove(part)
+        if not part.turn.confirmed:  # (said once the turn counts: a false start never does)
+            part.turn.held.append(part)
+            return
         words = part.final_words or []
         if not words and part.index < 0:
             return  # nothing was heard (noise, a cough): no caption
@@ -384,6 +392,13 @@ class Captions:
         self._emit("conversation.item.input_audio_transcription.failed", item_id=part.turn.item_id,
                    content_index=part.index, error={"type": "transcription_error", "code": "recognizer_failed",
                                                     "message": str(error)[:200] or type(error).__name__})
+
+    def _say_held(self, turn: _Turn) -> None:
+        turn.confirmed = True
+        held, turn.held = turn.held, []
+        for part in held:
+            self._finishing.append(part)
+            self._complete(part)
 
     def _number(self, part: _Part) -> None:
         if part.index < 0:
