@@ -42,7 +42,7 @@ def test_a_caller_gone_mid_sentence_and_a_caller_of_noise_leave_nothing_behind(c
             async with caller(url) as (call, mic):
                 mic.play(speech("Hello, how are you?"))
                 caption = await call.next_event(COMPLETED, timeout_s=30)
-                assert "how" in caption["transcript"].lower(), caption
+                assert "hello" in caption["transcript"].lower(), caption  # (its first part: "Hello.")
             await still_answers(url, app)
 
     run(main(), timeout_s=200)
