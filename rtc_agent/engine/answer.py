@@ -42,6 +42,7 @@ class Answer:
         self.frames = 0
         self.frame_times: list[float] = []
         self.thinker_done = False  # the text is complete (EOS, or the length limit)
+        self.ended_itself = False  # the Thinker ended it (<|im_end|>), no limit did
         self.speaking = False  # frames are still being made
         self.spoken = False  # the answer is spoken (the Talker makes its frames), not text only
         self.text_after_end = 0  # Talker steps fed since the text ended (tts_eos first, then tts_pad)
@@ -67,7 +68,7 @@ class Answer:
         """The Thinker's next token for this answer: <|im_end|> ends its text; a token of a function call goes to
         its calls (their events go out from there); returns the transcript's delta for a token of text."""
         if token == self.context.ids.im_end:
-            self.thinker_done = True
+            self.thinker_done = self.ended_itself = True
             return None
         self.tokens.append(token)
         if self.calls is not None and not self.calls.take(token):
@@ -106,8 +107,18 @@ class Answer:
                 and len(self.tokens) < self.options.max_answer_tokens)
 
     def end_speech(self) -> None:
+        """The speech is over; at the length limit of a spoken answer its text stops too, but for a function call
+        being written (a call is not spoken: it goes on to its end, within the token budget)."""
         self.speaking = False
-        self.thinker_done = self.thinker_done or self.frames >= self.options.max_frames  # the text stops too
+        self.thinker_done = self.thinker_done or (self.frames >= self.options.max_frames and not self.calling)
+
+    def ended(self) -> str:
+        """Why the answer ended (`ResponseDone.ended`)."""
+        if self.interrupted_at is not None:
+            return "interrupted"
+        if self.spoken and self.frames >= self.options.max_frames:
+            return "max_output_duration"
+        return "end" if self.ended_itself else "max_output_tokens"
 
     def finish(self) -> None:
         """Leave the caches holding the answer as the caller heard it (its text up to the cut, its complete calls)
@@ -134,7 +145,8 @@ class Answer:
             decoded = context.core.tokenizer.decode(heard)
             done = tuple(self.calls.done) if self.calls is not None else ()
             cut = self.calling and len(self.tokens) > self.calls.complete_tokens  # a call had begun, not ended
-            self.emit(ResponseDone(decoded, tuple(heard), self.frames, interrupted, self.metrics, done, cut))
+            self.emit(ResponseDone(decoded, tuple(heard), self.frames, interrupted, self.metrics, done, cut,
+                                   self.ended()))
 
 
 def tick(pool: SlotPool, answers: list[Answer]) -> None:
