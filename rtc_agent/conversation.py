@@ -33,7 +33,7 @@ import numpy as np
 from .config import TurnSettings
 from .engine.memory import EngineOutOfMemory
 from .engine.options import PREPARE_AFTER_SILENCE_MS
-from .engine.events import (Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
+from .engine.events import (LIMITS, Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
                             ToolCallStarted)
 from .engine.tools import ToolSet
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
@@ -556,13 +556,15 @@ class Conversation:
             "loop_lag_ms_max": self._loop_lag_since(answer.speech_end_at) if self._loop_lag_since else None,
         }
         self._pushed_times = self._prepared_times = ()
-        status = "failed" if error else ("cancelled" if interrupted else "completed")
+        cut_by = done.ended if done and done.ended in LIMITS else None  # a limit stopped it: max_output_tokens, ...
+        status = "failed" if error else "cancelled" if interrupted else "incomplete" if cut_by else "completed"
         text = done.text if done else ""
         for call in done.tool_calls if done else ():  # those still unsaid (made after a cut): all complete calls
             self._call_event(answer, call)  # are in the history, so the application must know of them
         modalities = ["text"] if answer.text_only else ["audio"]
         calls = [{"call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in answer.calls if c.done]
         response = {"id": answer.id, "status": status, "interrupted": interrupted, "metrics": metrics,
+                    "status_details": {"type": "incomplete", "reason": cut_by} if status == "incomplete" else None,
                     "output_modalities": modalities, "transcript": text, "function_calls": calls}
         if answer.text_only:
             self._emit("response.output_text.done", response_id=answer.id, text=text)

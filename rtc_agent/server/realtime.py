@@ -413,6 +413,8 @@ class RealtimeEvents:
             details = {"type": "cancelled", "reason": r.cancel_reason}
         elif status == "failed":
             details = {"type": "failed", "error": {"type": "server_error", "code": "engine_error"}}
+        elif status == "incomplete":  # a limit cut it: {"type": "incomplete", "reason": "max_output_tokens" or ...}
+            details = done["status_details"]
         response = self._response_object(r, status, output=[output[i] for i in sorted(output)],
                                          metrics=done.get("metrics"))
         response["status_details"] = details
