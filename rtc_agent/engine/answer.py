@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ class Answer:
         self.step_started = started
         self.after: list[Callable[[], None]] = []  # run on the worker once the answer is done
         self.calls: AnswerCalls | None = None  # its function calls, when the session offers tools (tools.py)
+        self.lock: Any = None  # its text's grammar state under the language lock (language.py), when there is one
         self.talker_behind: torch.Tensor | None = None  # its first frame's codes, while their Talker step waits
 
     @property
@@ -73,6 +75,8 @@ class Answer:
         self.tokens.append(token)
         if self.calls is not None and not self.calls.take(token):
             return None
+        if self.lock is not None and not self.lock.consume_token(token):
+            raise RuntimeError(f"a token outside the language lock was drawn: {self.lock.get_error()}")
         return self._delta(token)
 
     @property
@@ -81,7 +85,10 @@ class Answer:
         return self.calls is not None and self.calls.in_calls
 
     def constraint(self) -> Constraint | None:
-        """What its next draw may take (`AnswerCalls.constraint`), None for any token."""
+        """What its next draw may take: its text's under the language lock, else `AnswerCalls.constraint`; None
+        for any token."""
+        if self.lock is not None and (self.calls is None or self.calls.matcher is None):  # (not in a call)
+            return self.lock
         return self.calls.constraint() if self.calls is not None else None
 
     def _delta(self, token: int) -> TextDelta:
@@ -141,6 +148,7 @@ class Answer:
             self.metrics["tokens"] = len(self.tokens)
             if self.calls is not None:
                 self.metrics["grammar_ms"] = self.calls.spent_s * 1e3
+                self.metrics["closing_tokens"] = self.calls.closing_tokens
             self.metrics["total_ms"] = (time.perf_counter() - self.started) * 1e3  # the whole answer made
             decoded = context.core.tokenizer.decode(heard)
             done = tuple(self.calls.done) if self.calls is not None else ()

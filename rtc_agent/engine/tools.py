@@ -44,6 +44,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
+from . import language as languages
 from .events import ToolCallArguments, ToolCallDone, ToolCallStarted
 from .graphs import DeviceCopy, to_device
 
@@ -132,8 +133,12 @@ class ToolSet:
         return tuple(t for t in self.tools if self.choice in CHOICES or t.name == self.choice)
 
 
-def system_text(instructions: str, tools: tuple[Tool, ...]) -> str:
-    """The system turn's text with the tools listed, as Qwen3's chat template writes it."""
+def system_text(instructions: str, tools: tuple[Tool, ...], language: str | None = None) -> str:
+    """The system turn's text: the instructions, what the language lock holds answers to, and the tools listed, as
+    Qwen3's chat template writes them."""
+    if language is not None:
+        instructions = f"{instructions}\n\n{languages.instruction(language)}" if instructions else \
+            languages.instruction(language)
     if not tools:
         return instructions
     lines = "".join("\n" + json.dumps({"type": "function", "function": {
@@ -197,7 +202,7 @@ def _validate(grammar: str) -> str:
 
 class ToolRuntime:
     """The engine's side: the model's tokenizer as llguidance reads it (built once, about half a second) and the
-    compiled grammars of the tool sets in use."""
+    compiled grammars of the tool sets and language locks in use."""
 
     def __init__(self, tokenizer: Any, vocab: int, open_id: int, close_id: int, end_id: int) -> None:
         import llguidance.hf
@@ -206,7 +211,7 @@ class ToolRuntime:
         self.words = (vocab + 31) // 32
         self.special = {"open": open_id, "close": close_id, "end": end_id}
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
-        self._matchers: dict[tuple[ToolSet, bool], Any] = {}
+        self._matchers: dict[tuple[ToolSet | str, bool], Any] = {}
         self._costs: dict[ToolSet, tuple[int, int]] = {}
         self.bytes = [self.tokenizer.decode_bytes([t]) for t in range(vocab)]
         regular = [not self.tokenizer.is_special_token(t) for t in range(vocab)]
@@ -241,6 +246,17 @@ class ToolRuntime:
             if compiled.is_error():
                 raise ValueError(f"the tools' grammar does not compile: {compiled.get_error()}")
             self._matchers[key] = compiled
+        return self._matchers[key].deep_copy()
+
+    def text_matcher(self, language: str, calls: bool) -> Any:
+        """A fresh matcher of an answer's text under the language lock (language.py); `calls`: a function call
+        may follow the text."""
+        key = (language, calls)
+        if key not in self._matchers:
+            from llguidance import LLMatcher
+
+            grammar = languages.grammar(language, self.special["end"], self.special["open"] if calls else None)
+            self._matchers[key] = LLMatcher(self.tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
         return self._matchers[key].deep_copy()
 
     def one_token(self, token: int) -> np.ndarray:
@@ -425,6 +441,7 @@ class AnswerCalls:
         self.matcher = runtime.matcher(tools, opened=False) if tools.forced else None
         self.step, self.call_cost = runtime.costs(tools) if tools.tools else (0, 0)
         self.forced: list[int] = []  # the closing being drawn, once the budget left no room for free draws
+        self.closing_tokens = 0  # the tokens of its calls that the budget forced (their closings)
         self.calls: list[_Call] = []
         self.done: list[ToolCallDone] = []
         self.in_calls = False  # a call has opened: no more text
@@ -489,8 +506,10 @@ class AnswerCalls:
         if self.matcher is None:
             self.text_tokens = self._seen
             return True
-        if self.forced and self.forced.pop(0) != token:
-            raise RuntimeError("a token other than the forced closing's was drawn")
+        if self.forced:
+            if self.forced.pop(0) != token:
+                raise RuntimeError("a token other than the forced closing's was drawn")
+            self.closing_tokens += 1
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"a token outside the tools' grammar was drawn: {self.matcher.get_error()}")
         self.in_calls = True
