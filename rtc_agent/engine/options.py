@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import language as languages
+from .. import language as languages
 from .sampling import Sampling
 from .tools import ToolSet
 

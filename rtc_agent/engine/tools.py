@@ -44,7 +44,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from . import language as languages
+from .. import language as languages
 from .events import ToolCallArguments, ToolCallDone, ToolCallStarted
 from .graphs import DeviceCopy, to_device
 
