@@ -415,11 +415,13 @@ class Conversation:
             raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
 
     def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None,
-               text_only: bool | None = None, tools: ToolSet | None = None) -> None:
-        """session.update; the voice, instructions, output (`text_only`) and tools apply from the next answer
-        (ValueError on bad values: then nothing changes)."""
+               text_only: bool | None = None, tools: ToolSet | None = None, language: str | None = None) -> None:
+        """session.update; the voice, instructions, output (`text_only`), tools and language lock (a code, "" for
+        none) apply from the next answer (ValueError on bad values: then nothing changes)."""
         changes: dict[str, Any] = {k: v for k, v in (("voice", voice), ("instructions", instructions), ("tools", tools))
                                    if v is not None}
+        if language is not None:
+            changes["language"] = language or None
         if turn is not None and turn.auto and turn.turn_detection == "semantic_vad" and self._scorer is None:
             raise ValueError(NO_SEMANTIC_VAD)
         if text_only is False and not self.speech_available:

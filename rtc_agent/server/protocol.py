@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .. import language as languages
 from ..config import EAGERNESS_LEVELS, VOICES, TurnSettings
 from ..engine.tools import CHOICES, MAX_TOOLS, Tool, ToolSet
 from . import json_input
@@ -29,6 +30,7 @@ class Offer:
     voice: str | None
     instructions: str | None
     resume_token: str | None = None  # a call's token from session.created: a new connection for that call
+    language: str | None = None  # the language lock (language.py); None: the server's (--language)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class SessionUpdate:
     tools: tuple[Tool, ...] | None = None  # None (here and below): unchanged
     tool_choice: str | None = None  # auto, none, required or a tool's name
     parallel_tool_calls: bool | None = None
+    language: str | None = None  # the language lock: a language's code, "" for none (JSON null); None: unchanged
 
     def tool_set(self, current: ToolSet) -> ToolSet | None:
         """The session's tools after this update (None: unchanged); ProtocolError for a combination the engine
@@ -139,6 +142,16 @@ def _text_only(value: Any) -> bool:
     return value == ["text"]
 
 
+def _language(value: Any, name: str = "language") -> str:
+    """A language lock's code (null: no lock, as "")."""
+    if value is None:
+        return ""
+    try:
+        return languages.check(value if isinstance(value, str) else repr(value))
+    except ValueError as exc:
+        raise ProtocolError("invalid_value", f"{name}: {exc}", name) from None
+
+
 def _instructions(value: Any) -> str | None:
     return None if value is None else text_value(value, "instructions", MAX_INSTRUCTIONS)
 
@@ -226,8 +239,9 @@ def parse_offer(body: Any) -> Offer:
     if resume is not None and (not isinstance(resume, str) or not 0 < len(resume) <= 128):
         raise ProtocolError("invalid_value", "resume_token must be the token from session.created")
     voice, instructions = _voice(body.get("voice")), _instructions(body.get("instructions"))
+    language = _language(body["language"]) or None if body.get("language") is not None else None
     check_offer(sdp)
-    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume)
+    return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume, language=language)
 
 
 # session.update's turn_detection <-> TurnSettings
@@ -299,7 +313,7 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
         if not isinstance(session, dict):
             raise ProtocolError("invalid_value", 'session.update needs a "session" object')
         unknown = set(session) - {"voice", "instructions", "turn_detection", "output_modalities", "tools",
-                                  "tool_choice", "parallel_tool_calls"}
+                                  "tool_choice", "parallel_tool_calls", "language"}
         if unknown:
             raise ProtocolError("unknown_parameter", f"session.{sorted(unknown)[0]} cannot be updated")
         given = {k: v for k, v in session.items() if v is not None}
@@ -312,6 +326,7 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
             tool_choice=_tool_choice(given["tool_choice"]) if "tool_choice" in given else None,
             parallel_tool_calls=_flag(given["parallel_tool_calls"], "parallel_tool_calls")
             if "parallel_tool_calls" in given else None,
+            language=_language(session["language"], "session.language") if "language" in session else None,
         )
     if kind == "input_audio_buffer.commit":
         return Commit()

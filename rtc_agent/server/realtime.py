@@ -102,6 +102,8 @@ def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
             ours["output_modalities"] = value
         elif key in TOOL_KEYS:
             ours[key] = value
+        elif key == "language":  # our extension: the language lock (README, "Language lock")
+            ours[key] = value
         elif key in FIXED:
             if value not in FIXED[key]:
                 raise _unsupported(param, json.dumps(value)[:80])
@@ -143,14 +145,16 @@ def _audio(audio: Any, param: str) -> dict[str, Any]:
 
 
 def session_object(session_id: str, model: Any, voice: str, instructions: str, turn: TurnSettings,
-                   text_only: bool = False, tools: ToolSet = ToolSet()) -> dict[str, Any]:
-    """The GA session object of session.created / session.updated and of a client secret."""
+                   text_only: bool = False, tools: ToolSet = ToolSet(), language: str | None = None
+                   ) -> dict[str, Any]:
+    """The GA session object of session.created / session.updated and of a client secret (plus our `language`)."""
     detection = turn_description(turn)
     if detection is not None:
         detection = {**detection, "create_response": True, "interrupt_response": True, "idle_timeout_ms": None}
     return {
         "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
         "output_modalities": output_modalities(text_only), "instructions": instructions, **tool_description(tools),
+        "language": language,
         "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
         "audio": {
             "input": {"format": PCM_FORMAT, "transcription": None, "noise_reduction": None,
@@ -255,13 +259,14 @@ class RealtimeEvents:
 
     def description(self) -> dict[str, Any]:
         return session_object(self.session_id, self.model, self.voice, self.instructions, self.conversation.turn,
-                              self.conversation.text_only, self.conversation.tools)
+                              self.conversation.text_only, self.conversation.tools,
+                              self.conversation.session.options.language)
 
     def apply(self, update: SessionUpdate) -> None:
         """A parsed session update (ProtocolError when the conversation refuses a value)."""
         try:
             self.conversation.update(update.voice, update.instructions, update.turn, update.text_only,
-                                     update.tool_set(self.conversation.tools))
+                                     update.tool_set(self.conversation.tools), update.language)
         except ValueError as exc:
             raise ProtocolError("invalid_value", str(exc)) from None
         self.voice = update.voice or self.voice
