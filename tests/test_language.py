@@ -20,9 +20,10 @@ WIDE = Sampling(temperature=1.0, top_k=0, top_p=1.0)  # the random model's draws
 
 # A test vocabulary of several scripts: every byte, words and characters of five scripts, and tokens that are
 # fragments of UTF-8 characters or straddle two (a Latin letter then the lead byte of a Han character, ...).
-WORDS = ["hello", " world", "café", " Привет", "мир", "中文", "中", "好", "γεια", "مرحبا", "日本", "ひら", "한국",
-         " ok", "!", "。", "，"]
-FRAGMENTS = [b"\xe4\xb8", b"\xad", b"a\xe4", b"\xb8\xad!", b"\xd0", b"\x9f", b"\xc3", b"\xa9 ", b"\xe6\x96\x87x"]
+WORDS = ["hello", " world", "café", " Привет", "мир", "中文", "中", "好", "γεια", "مرحبا", "日本", "ひら",
+         "한국", " ok", "!", "。", "，"]
+FRAGMENTS = [b"\xe4\xb8", b"\xad", b"a\xe4", b"\xb8\xad!", b"\xd0", b"\x9f", b"\xc3", b"\xa9 ",
+             b"\xe6\x96\x87x"]
 
 
 def _test_vocabulary():
@@ -99,8 +100,8 @@ def test_on_a_vocabulary_of_several_scripts_the_mask_allows_exactly_the_locks_ch
 
 
 def test_two_hundred_answers_of_random_draws_on_a_vocabulary_of_several_scripts_stay_in_the_locks_scripts():
-    """Each answer: 24 bytes of draws (and then as many as it takes to end its last character) at random among the tokens
-    the mask allows; every token's text is checked as it comes, and every script the lock allows does come."""
+    """Each answer: 24 bytes of draws (then as many as it takes to end its last character) at random among the
+    tokens the mask allows; every token's text is checked as it comes, and every script the lock allows does come."""
     tokenizer, runtime = _test_vocabulary()
     vocab, masks = len(tokenizer), TokenMasks(1, len(tokenizer), torch.device("cpu"))
     rng = np.random.default_rng(0)

@@ -190,7 +190,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     tools = ToolSet(BENCH_TOOLS, args.tools if args.tools != "named" else "required") if args.tools != "none" \
         else ToolSet()
     sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
-                                                  max_frames=args.answer_frames, tools=tools, language=args.language))
+                                                  max_frames=args.answer_frames, tools=tools,
+                                                  language=args.language))
                 for n in range(args.sessions)]
     lag = LoopLag()
     watching = asyncio.create_task(lag.watch())

@@ -27,9 +27,9 @@ character, an escape): `step` is the longest closing of a fresh value of any of 
 longest property name (`ToolRuntime.costs`). So before each draw in a call, with `slack` tokens to spare after the
 draw and the closing: a token with k such bytes may be drawn while (k + 1) step <= slack, and so may the closing's
 next token (a fixed mask of those, on top of the grammar's); once no other token may, the closing itself is drawn,
-one forced token after the other. The call's `</tool_call>` comes one token before the budget's end at the latest, leaving
-the answer's `<|im_end|>` its room. The JSON is written as the model was trained to write it: `", "` and `": "`, no
-other whitespace.
+one forced token after the other. The call's `</tool_call>` comes one token before the budget's end at the latest,
+leaving the answer's `<|im_end|>` its room. The JSON is written as the model was trained to write it: `", "` and
+`": "`, no other whitespace.
 """
 from __future__ import annotations
 
