@@ -208,7 +208,7 @@ def test_a_barge_in_during_a_call_drops_the_unfinished_call_and_keeps_the_contex
 
     events = run(cut_call())
     done = events[-1]
-    assert done.interrupted and done.call_cut and not done.tool_calls
+    assert done.interrupted and done.ended == "interrupted" and done.call_cut and not done.tool_calls
     assert not any(isinstance(e, ToolCallDone) for e in events)
     ids = engine.ids
     assert session.context.segments[-1].ids == [ids.im_start, ids.assistant, ids.newline, ids.im_end, ids.newline]
