@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import language as languages
+
 WEB_DIR = Path(__file__).resolve().parent / "web"
 VOICES = ("chelsie", "ethan", "aiden")
 VISION_BLOCK = 32  # the vision encoder's patch (16 px) times its spatial merge (2): one Thinker token per block
@@ -55,6 +57,7 @@ class Settings:
     quantize: str = "none"  # none | int4 | auto: INT4 weights (README: Memory and quantization)
     voice: str = "ethan"
     instructions: str = DEFAULT_INSTRUCTIONS
+    language: str | None = None  # the language lock of every call (language.py); None: none
     max_answer_s: float = 30.0  # an answer's speech stops after this long (the random-weight tiny model never ends)
     turn: TurnSettings = field(default_factory=TurnSettings)
     peer_timeout_s: float = 5.0  # no inbound audio this long: the peer is gone, the call is ended
@@ -192,6 +195,7 @@ def validate(s: Settings) -> None:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, not {s.quantize!r}")
     if s.voice not in VOICES:
         raise ValueError(f"voice must be one of {', '.join(VOICES)}")
+    languages.check(s.language)
     if bool(s.cert) != bool(s.key):
         raise ValueError("--cert and --key go together")
     if s.last_words:
@@ -299,6 +303,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                         f"of the GPU with the slots asked for) or none (default {d.quantize})")
     p.add_argument("--voice", choices=VOICES, help=f"default voice (default {d.voice})")
     p.add_argument("--instructions", help="default system prompt")
+    p.add_argument("--language", choices=list(languages.LANGUAGES),
+                   help="lock the answers' text to this language's scripts (default: no lock; README: Settings)")
     p.add_argument("--max-answer-s", type=float, help=f"longest spoken answer in seconds (default {d.max_answer_s})")
     p.add_argument("--vad-threshold", type=float, help=f"speech probability threshold (default {t.vad_threshold})")
     p.add_argument("--turn-detection", choices=TURN_DETECTIONS,

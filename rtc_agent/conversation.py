@@ -33,7 +33,7 @@ import numpy as np
 from .config import TurnSettings
 from .engine.memory import EngineOutOfMemory
 from .engine.options import PREPARE_AFTER_SILENCE_MS
-from .engine.events import (Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
+from .engine.events import (LIMITS, Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
                             ToolCallStarted)
 from .engine.tools import ToolSet
 from .media.captions import CaptionPool, Captions, Transcription
@@ -466,24 +466,27 @@ class Conversation:
             raise ConversationError("conversation_already_has_active_response", "an answer is in progress")
 
     def update(self, voice: str | None, instructions: str | None, turn: TurnSettings | None,
-               text_only: bool | None = None, tools: ToolSet | None = None,
+               text_only: bool | None = None, tools: ToolSet | None = None, language: str | None = None,
                transcription: Transcription | Literal["off"] | None = None) -> None:
-        """session.update; the voice, instructions, output (`text_only`) and tools apply from the next answer,
-        transcription ("off", or on) from the next turn (ValueError on bad values: then nothing changes)."""
+        """session.update; the voice, instructions, output (`text_only`), tools and language lock (a code, "" for
+        none) apply from the next answer, transcription ("off", or on) from the next turn (ValueError on bad
+        values: then nothing changes)."""
         changes: dict[str, Any] = {k: v for k, v in (("voice", voice), ("instructions", instructions), ("tools", tools))
                                    if v is not None}
+        if language is not None:
+            changes["language"] = language or None
         if turn is not None and turn.auto and turn.turn_detection == "semantic_vad" and self._scorer is None:
             raise ValueError(NO_SEMANTIC_VAD)
         if text_only is False and not self.speech_available:
             raise ValueError(NO_SPEECH)
         if isinstance(transcription, Transcription) and self._caption_pool is None:
             raise ValueError(NO_TRANSCRIPTION)
-        if transcription is not None:
-            self.set_transcription(None if transcription == "off" else transcription)
         if text_only is not None:
             changes["speech"] = not text_only
         if changes:
             self.session.update(**changes)
+        if transcription is not None:
+            self.set_transcription(None if transcription == "off" else transcription)
         if text_only is not None:
             self.text_only = text_only
         if tools is not None:
@@ -612,13 +615,15 @@ class Conversation:
             "loop_lag_ms_max": self._loop_lag_since(answer.speech_end_at) if self._loop_lag_since else None,
         }
         self._pushed_times = self._prepared_times = ()
-        status = "failed" if error else ("cancelled" if interrupted else "completed")
+        cut_by = done.ended if done and done.ended in LIMITS else None  # a limit stopped it: max_output_tokens, ...
+        status = "failed" if error else "cancelled" if interrupted else "incomplete" if cut_by else "completed"
         text = done.text if done else ""
         for call in done.tool_calls if done else ():  # those still unsaid (made after a cut): all complete calls
             self._call_event(answer, call)  # are in the history, so the application must know of them
         modalities = ["text"] if answer.text_only else ["audio"]
         calls = [{"call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in answer.calls if c.done]
         response = {"id": answer.id, "status": status, "interrupted": interrupted, "metrics": metrics,
+                    "status_details": {"type": "incomplete", "reason": cut_by} if status == "incomplete" else None,
                     "output_modalities": modalities, "transcript": text, "function_calls": calls}
         if answer.text_only:
             self._emit("response.output_text.done", response_id=answer.id, text=text)

@@ -92,7 +92,8 @@ def test_false_start_is_dropped_then_a_turn_with_a_short_pause_is_one_turn() -> 
             await feed(conv, script, 0.9, 10)
             await feed(conv, script, 0.1, 12)
             done = (await until(events, "response.done"))["response"]
-            assert done["status"] == "completed" and done["metrics"]["frames_sent"] == 6
+            assert done["status"] == "incomplete" and done["metrics"]["frames_sent"] == 6  # (max_frames: 6)
+            assert done["status_details"] == {"type": "incomplete", "reason": "max_output_duration"}
             # all of the turn went in, the pause's silence too once the caller went on; of the silence after
             # it only the 5 chunks up to the prepared answer, the rest of the hang-over is left out
             assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 1.44))]  # (from the click on)
@@ -133,7 +134,7 @@ def test_the_audio_just_before_a_preparation_goes_to_the_engine_as_urgent() -> N
             assert conv.session.urgent_audio == [0.0]
             at_once(conv, script, 0.1, 12)
             done = (await until(events, "response.done"))["response"]
-            assert done["status"] == "completed"
+            assert done["status"] == "incomplete"
             assert conv.session.urgent_audio == [0.0, pytest.approx(26 * CHUNK_MS / 1000)]  # the 5 chunks of silence
             assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 31 * CHUNK_MS / 1000))]
         finally:
@@ -157,7 +158,7 @@ def test_an_answer_asked_for_while_it_is_being_prepared_starts_from_that_prepara
                 for _ in range(chunks):
                     conv.feed((rng.standard_normal(CHUNK_SAMPLES) * (0.1 if p > 0.5 else 0.001)).astype(np.float32))
             done = (await until(events, "response.done"))["response"]
-            assert done["status"] == "completed" and done["metrics"]["frames_sent"] == 6
+            assert done["status"] == "incomplete" and done["metrics"]["frames_sent"] == 6
             calls = conv.session.calls
             assert [c for c in calls if c not in ("push", "pushed")] == ["prepare", "respond", "prepared"]
             # the turn's audio went in one push, and the preparation was asked for before its reply
@@ -193,7 +194,7 @@ def test_semantic_vad_prepares_the_answer_at_a_pauses_first_silent_chunk_and_spe
             await feed(conv, script, 0.9, 10)
             await feed(conv, script, 0.1, 100)  # longer than semantic_vad's longest wait
             done = (await until(events, "response.done"))["response"]
-            assert done["status"] == "completed" and done["metrics"]["end_of_turn"]["type"] == "semantic_vad"
+            assert done["status"] == "incomplete" and done["metrics"]["end_of_turn"]["type"] == "semantic_vad"
             assert calls.count("prepare") == 2
             # the pause's chunk joined the turn; of the silence at its end only the first chunk went in
             assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 22 * CHUNK_MS / 1000))]
@@ -222,7 +223,7 @@ def test_push_to_talk_waits_for_commit_and_short_sounds_do_not_barge_in() -> Non
             await feed(conv, script, 0.9, 5)  # "mm-hm": shorter than barge_in_ms
             await feed(conv, script, 0.1, 12)
             done = (await until(events, "response.done"))["response"]
-            assert done["status"] == "completed"
+            assert done["status"] == "incomplete"
             assert kinds(events).count("input_audio_buffer.speech_started") == 1
         finally:
             player.cancel()
@@ -303,7 +304,7 @@ def test_a_frame_the_engine_refuses_is_one_error_event_and_the_call_goes_on() ->
             conv.see(np.zeros((64, 64, 3), np.uint8))
             await feed(conv, script, 0.9, 10)
             await feed(conv, script, 0.1, 12)
-            assert (await until(events, "response.done"))["response"]["status"] == "completed"
+            assert (await until(events, "response.done"))["response"]["status"] == "incomplete"
             assert len([e for e in events if e["type"] == "error"]) == 1
             assert conv.session.video_stats()["frames_received"] == 1
         finally:
@@ -360,7 +361,7 @@ def test_a_cut_answer_reports_its_whole_calls_and_never_a_cut_one() -> None:
                 events.clear()
                 conv.create_response()
                 spoken = (await until(events, "response.done"))["response"]
-                assert spoken["status"] == "completed" and spoken["metrics"]["frames_sent"] > 0
+                assert spoken["status"] == "incomplete" and spoken["metrics"]["frames_sent"] > 0
                 assert not spoken["function_calls"] and not [e for e in events if "function_call" in e["type"]]
             finally:
                 player.cancel()

@@ -63,7 +63,7 @@ def test_capacity_then_a_sigterm_drain_lets_the_call_finish(tmp_path: Path, medi
                 assert (status, body["error"]["code"]) == (503, "draining") and retry
                 await say(call, mic)  # the call in progress goes on
                 done = (await call.next_event("response.done", timeout_s=40))["response"]
-                assert done["status"] == "completed" and proc.poll() is None
+                assert done["status"] == "incomplete" and proc.poll() is None
             hung_up = time.monotonic()
             while proc.poll() is None and time.monotonic() - hung_up < 15:
                 await asyncio.sleep(0.2)

@@ -19,7 +19,21 @@ from rtc_agent.engine.events import ToolCallArguments, ToolCallDone, ToolCallSta
 from rtc_agent.engine.tools import DEFAULT_MAX_ITEMS, DEFAULT_MAX_STRING, AnswerCalls, Tool, ToolSet, bounded
 
 TOOLS = BENCH_TOOLS
-SCHEMAS = {tool.name: tool.schema for tool in TOOLS}
+# schemas that leave strings and arrays open (no maxLength, maxItems): only the answer's budget bounds their calls
+OPEN_TOOLS = (
+    Tool.function("take_notes", "Write notes down.", {
+        "type": "object", "properties": {"title": {"type": "string"},
+                                         "lines": {"type": "array", "items": {"type": "string"}}},
+        "required": ["title", "lines"]}),
+    Tool.function("plan_trip", "Plan a trip.", {
+        "type": "object", "properties": {"stops": {"type": "array", "items": {
+            "type": "object", "properties": {"place": {"type": "string"},
+                                             "tags": {"type": "array", "items": {"type": "string"}},
+                                             "nights": {"type": "integer"}},
+            "required": ["place", "tags", "nights"]}}},
+        "required": ["stops"]}),
+)
+SCHEMAS = {tool.name: tool.schema for tool in TOOLS + OPEN_TOOLS}
 
 
 async def _call(session, question: str) -> tuple[list, ResponseDone]:
@@ -65,7 +79,73 @@ def test_every_required_call_validates_across_seeds_and_schemas():
         await asyncio.gather(*(calls_on(range(first, 200, 4)) for first in range(4)))
 
     run(all_calls(), timeout_s=600)
-    assert sum(made.values()) >= 200 and set(made) == set(SCHEMAS)
+    assert sum(made.values()) >= 200 and set(made) == {tool.name for tool in TOOLS}
+
+
+def test_a_call_always_ends_within_the_answers_budget_on_schemas_that_leave_strings_and_arrays_open():
+    """200 answers with "required" (or a named tool) on the byte-level tiny model, ten sessions at once, budgets of
+    70 to 110 tokens: the babbling model would run past any of them inside a string; every answer carries whole
+    calls whose arguments validate, and it ends by itself (its <|im_end|>), not cut by the budget."""
+    engine = engine_for(prefill_chunk_s=0)
+    closed: list[float] = []  # each answer's tokens of the closing the budget forced
+
+    async def calls_on(seeds: range) -> None:
+        for seed in seeds:
+            choice = ("required", *(t.name for t in OPEN_TOOLS))[seed % 3]
+            options = SessionOptions(seed=seed, speech=False, max_answer_tokens=70 + seed % 41,
+                                     tools=ToolSet(OPEN_TOOLS, choice, parallel=seed % 5 == 0))
+            session = engine.new_session(options)
+            try:
+                events, done = await _call(session, "Note it all down.")
+                _check(events, done, None if choice == "required" else choice)
+                assert done.ended == "end" and done.metrics["tokens"] < options.max_answer_tokens
+                closed.append(done.metrics["closing_tokens"])
+            finally:
+                await session.close()
+
+    async def all_calls() -> None:
+        await asyncio.gather(*(calls_on(range(first, 200, 10)) for first in range(10)))
+
+    run(all_calls(), timeout_s=600)
+    assert len(closed) == 200 and sum(c > 0 for c in closed) > 150  # (most would have been cut without it)
+
+
+def _allowed(masks, constraint) -> np.ndarray:
+    """The tokens `constraint` lets through, as `TokenMasks` computes its mask for a row."""
+    host = torch.full((1, masks.words), -1, dtype=torch.int32)
+    masks._fill(host, {0: constraint})
+    return np.flatnonzero(np.unpackbits(host.numpy().view(np.uint8), bitorder="little"))
+
+
+@pytest.mark.parametrize("choice", ["required", "plan_trip"])
+def test_whatever_the_model_draws_a_call_closes_within_the_budget(choice):
+    """The worst a model can do: 100 answers of draws at random among the tokens each mask allows, half of them
+    picking tokens with `,`, `[`, `{` or `"` (which open what must be closed) whenever they may, budgets of 80 to
+    250 tokens, with and without parallel calls: every answer's calls are whole and valid and end in time for its
+    <|im_end|>."""
+    engine = engine_for(prefill_chunk_s=0)
+    runtime, masks = engine.tool_runtime, engine.pool.masks
+    rng = np.random.default_rng(len(choice))
+    openers = np.array([sum(c in b',[{"' for c in b) for b in runtime.bytes])
+    freedom = []
+    for answer in range(100):
+        budget = int(rng.integers(80, 251))
+        calls = AnswerCalls(runtime, ToolSet(OPEN_TOOLS + TOOLS, choice, parallel=answer % 3 == 0), budget,
+                            lambda event: None)
+        token, drawn = None, 0
+        while token != runtime.special["end"]:
+            assert drawn < budget
+            allowed = _allowed(masks, calls.constraint())
+            opening = allowed[openers[allowed] > 0]
+            token = int(rng.choice(opening if answer % 2 and len(opening) else allowed))
+            if token != runtime.special["end"]:
+                calls.take(token)
+                drawn += 1
+        assert calls.done and calls.complete_tokens == drawn
+        for call in calls.done:
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        freedom.append(drawn - calls.closing_tokens)
+    assert sum(f > 20 for f in freedom) > 50  # (the model drew freely for most of most answers)
 
 
 def test_a_call_then_its_output_then_a_spoken_answer_with_the_history_as_the_template_writes_it():
@@ -128,7 +208,7 @@ def test_a_barge_in_during_a_call_drops_the_unfinished_call_and_keeps_the_contex
 
     events = run(cut_call())
     done = events[-1]
-    assert done.interrupted and done.call_cut and not done.tool_calls
+    assert done.interrupted and done.ended == "interrupted" and done.call_cut and not done.tool_calls
     assert not any(isinstance(e, ToolCallDone) for e in events)
     ids = engine.ids
     assert session.context.segments[-1].ids == [ids.im_start, ids.assistant, ids.newline, ids.im_end, ids.newline]

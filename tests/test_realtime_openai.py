@@ -18,6 +18,7 @@ from rtc_agent.client.microphone import Microphone
 from rtc_agent.media.inbound import use_low_latency_audio
 from rtc_agent.media.pcm import to_pcm16
 from rtc_agent.config import TurnSettings
+from rtc_agent.engine.events import LIMITS
 from rtc_agent.server.protocol import ProtocolError
 from rtc_agent.server.realtime import RealtimeError, parse_session
 from rtc_agent.server.realtime_http import ClientSecrets
@@ -95,7 +96,9 @@ def test_websocket_with_the_openai_sdk_speech_text_cancel_barge_in_and_errors() 
                 assert started.item_id == stopped.item_id == committed.item_id
                 assert stopped.audio_end_ms > started.audio_start_ms
                 done = (await rec.until("response.done")).response
-                assert done.status == "completed"
+                # (the tiny model never ends an answer: a limit cuts it, and it says which)
+                assert done.status == "incomplete" and done.status_details.reason in LIMITS
+                assert done.output[0].status == "incomplete"
                 chunks = rec.audio()
                 assert chunks and all(len(c) == FRAME_BYTES for c in chunks)
                 assert len(chunks) == done.model_extra["metrics"]["frames_sent"]
@@ -134,7 +137,7 @@ def test_websocket_with_the_openai_sdk_speech_text_cancel_barge_in_and_errors() 
                 await rec.until("input_audio_buffer.speech_started")
                 cut = (await rec.until("response.done")).response
                 assert cut.status == "cancelled" and cut.status_details.reason == "turn_detected"
-                assert (await rec.until("response.done")).response.status == "completed"  # the next turn's answer
+                assert (await rec.until("response.done")).response.status == "incomplete"  # the next turn's answer
 
                 # push-to-talk: no turn detection; speech waits for commit, then for response.create; clear drops
                 # speech not yet committed
@@ -154,7 +157,7 @@ def test_websocket_with_the_openai_sdk_speech_text_cancel_barge_in_and_errors() 
                 await rec.until("error")
                 assert not rec.of("response.created", mark)  # a commit alone does not answer
                 await conn.response.create()
-                assert (await rec.until("response.done")).response.status == "completed"
+                assert (await rec.until("response.done")).response.status == "incomplete"
 
                 # what this server does not do: an error naming the client's event, and nothing changes
                 await conn.send({"type": "conversation.item.delete", "item_id": "x", "event_id": "evt_del"})
@@ -239,7 +242,7 @@ def test_function_calls_over_the_websocket_with_the_openai_sdk() -> None:
                     mark = len(rec.events)
                     await conn.response.create()
                     spoken = (await rec.until("response.done")).response
-                    assert spoken.status == "completed" and [item.type for item in spoken.output] == ["message"]
+                    assert spoken.status == "incomplete" and [item.type for item in spoken.output] == ["message"]
                     assert rec.audio(mark)
 
                 # a response cancelled at its first piece of arguments: a call it had finished is reported (it is
@@ -289,6 +292,56 @@ def test_function_calls_over_the_websocket_with_the_openai_sdk() -> None:
                 await conn.session.update(session={"type": "realtime"})
                 same = (await rec.until("session.updated")).session
                 assert [t.name for t in same.tools] == ["set_heating", "add_to_list"] and same.tool_choice == "auto"
+
+    run(main(), timeout_s=200)
+
+
+NOTES = {"type": "function", "name": "take_notes", "description": "Write notes down.", "parameters": {
+    "type": "object", "properties": {"list": {"type": "array", "items": {"type": "string"}}}, "required": ["list"]}}
+
+
+def test_with_the_openai_sdk_calls_on_open_schemas_end_whole_and_a_cut_answer_says_why() -> None:
+    """The issue's case: tool_choice "required" and an array of strings without maxLength, six rounds on one
+    socket: every call is whole (`.done` comes, its arguments validate) and its response is completed; a written
+    answer cut by the token budget is incomplete with reason max_output_tokens, its message item incomplete; the
+    language lock goes through the session's `language` extension."""
+    import jsonschema
+
+    async def main() -> None:
+        async with server(engine_=engine(CALL_TOKENS), max_answer_s=3.0) as (url, _):
+            await wait_ready(url)
+            async with clients(url, "any-key").realtime.connect(model="tiny") as conn:
+                rec = Recorder(conn)
+                await rec.until("session.created")
+                await conn.session.update(session={"type": "realtime", "tools": [NOTES], "tool_choice": "required",
+                                                   "language": "en", "audio": {"input": {"turn_detection": None}}})
+                assert (await rec.until("session.updated")).session.model_extra["language"] == "en"
+                for _ in range(6):
+                    mark = len(rec.events)
+                    await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                        {"type": "input_text", "text": "Note down what we need for the trip."}]})
+                    await conn.response.create()
+                    done = (await rec.until("response.done")).response
+                    assert done.status == "completed" and done.output, done
+                    finished = {e.call_id: e.arguments for e in rec.of("response.function_call_arguments.done", mark)}
+                    for item in done.output:
+                        assert item.type == "function_call" and item.status == "completed"
+                        assert finished[item.call_id] == item.arguments
+                        jsonschema.validate(json.loads(item.arguments), NOTES["parameters"])
+                    for item in done.output:
+                        await conn.conversation.item.create(item={"type": "function_call_output",
+                                                                  "call_id": item.call_id, "output": "{}"})
+                        await rec.until("conversation.item.done")
+
+                await conn.session.update(session={"type": "realtime", "tool_choice": "none",
+                                                   "output_modalities": ["text"], "language": None})
+                assert (await rec.until("session.updated")).session.model_extra["language"] is None
+                await conn.response.create()
+                cut = (await rec.until("response.done")).response
+                assert cut.status == "incomplete" and cut.status_details.type == "incomplete"
+                assert cut.status_details.reason == "max_output_tokens" and cut.output[0].status == "incomplete"
+                await conn.session.update(session={"type": "realtime", "language": "tlh"})
+                assert (await rec.until("error")).error.code == "invalid_value"
 
     run(main(), timeout_s=200)
 
@@ -359,7 +412,7 @@ def test_webrtc_call_with_a_client_secret_through_the_openai_sdk() -> None:
                 await next_of(q, "output_audio_buffer.started", seen)
                 done = (await next_of(q, "response.done", seen))["response"]
                 stopped = await next_of(q, "output_audio_buffer.stopped", seen)
-                assert done["status"] == "completed" and stopped["response_id"] == done["id"]
+                assert done["status"] == "incomplete" and stopped["response_id"] == done["id"]
                 assert done["metrics"]["frames_sent"] > 0
                 kinds = [e["type"] for e in seen]
                 for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.committed", "response.created",
@@ -541,5 +594,7 @@ def test_session_settings_map_onto_ours() -> None:
     assert parse_session({"output_modalities": ["text"]}, TurnSettings()).text_only is True
     assert (update.turn.vad_threshold, update.turn.silence_ms, update.turn.auto) == (0.6, 300, True)
     assert parse_session({"audio": {"input": {"turn_detection": None}}}, TurnSettings()).turn.auto is False
+    assert parse_session({"language": "zh"}, TurnSettings()).language == "zh"  # our extension
+    assert parse_session({"language": None}, TurnSettings()).language == ""  # (no lock)
     with pytest.raises(ProtocolError):  # our own checks still apply
         parse_session({"audio": {"output": {"voice": "alloy"}}}, TurnSettings())

@@ -49,7 +49,7 @@ def test_one_turn_gets_a_spoken_answer_in_80ms_packets_with_events_in_order() ->
                                 "response.created", "response.output_audio_transcript.delta", "response.done"], types)
             states = [m["state"] for m in call.events_of("conversation.state")]
             assert states == ["thinking", "speaking", "listening"]
-            assert done["status"] == "completed" and not done["interrupted"]
+            assert done["status"] == "incomplete" and not done["interrupted"]
             m = done["metrics"]
             assert m["frames"] == m["frames_sent"] > 0 and m["frames_dropped"] == 0
             assert m["ttfp_ms"] is not None and m["ttfp_ms"] > 0
@@ -83,7 +83,7 @@ def test_two_turns_then_response_cancel() -> None:
         async with server(SeededEngine(), max_answer_s=6.0) as (url, _), caller(url) as (call, mic):
             await say(call, mic, "Hello, how are you?")
             first = (await call.next_event("response.done", timeout_s=30))["response"]
-            assert first["status"] == "completed"
+            assert first["status"] == "incomplete"
             await say(call, mic, "Tell me a long story about the sea.")
             await wait_state(call, "speaking")
             await asyncio.sleep(0.5)
@@ -129,22 +129,24 @@ def test_push_to_talk_commit_and_bad_messages() -> None:
             for bad, code in [("not json", "invalid_json"), ('{"type": "bogus.event"}', "unknown_event"),
                               ('{"no_type": 1}', "invalid_json"),
                               ('{"type": "session.update", "session": {"voice": "bob"}}', "invalid_value"),
+                              ('{"type": "session.update", "session": {"language": "xx"}}', "invalid_value"),
                               ('{"type": "session.update", "session": {"modalities": []}}', "unknown_parameter"),
                               ('{"type": "input_audio_buffer.commit"}', "input_audio_buffer_commit_empty")]:
                 call.channel.send(bad)
                 err = await call.next_event("error", timeout_s=10)
                 assert err["error"]["code"] == code, bad
-            call.send({"type": "session.update", "session": {"turn_detection": None, "voice": "chelsie"}})
+            call.send({"type": "session.update", "session": {"turn_detection": None, "voice": "chelsie",
+                                                             "language": "zh"}})
             updated = (await call.next_event("session.updated", timeout_s=10))["session"]
-            assert updated["turn_detection"] is None and updated["voice"] == "chelsie"
+            assert updated["turn_detection"] is None and updated["voice"] == "chelsie" and updated["language"] == "zh"
 
             await say(call, mic)
             await asyncio.sleep(1.0)  # well past the hang-over: push-to-talk waits for the commit
             assert not call.events_of("response.created")
             call.send({"type": "input_audio_buffer.commit"})
             done = (await call.next_event("response.done", timeout_s=30))["response"]
-            assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
-            assert len(call.events_of("error")) == 6  # nothing else went wrong along the way
+            assert done["status"] == "incomplete" and done["metrics"]["frames_sent"] > 0
+            assert len(call.events_of("error")) == 7  # nothing else went wrong along the way
 
     run(main())
 
@@ -210,7 +212,7 @@ def test_function_calls_on_the_events_channel() -> None:
                         "type": "function_call_output", "call_id": c["call_id"], "output": '{"done": true}'}})
                 call.send({"type": "response.create"})
                 spoken = (await call.next_event("response.done", timeout_s=60))["response"]
-                assert spoken["status"] == "completed" and not spoken["function_calls"]
+                assert spoken["status"] == "incomplete" and not spoken["function_calls"]
                 assert spoken["metrics"]["frames_sent"] > 0
             assert len(call.events_of("error")) == 8  # nothing else went wrong along the way
 
@@ -266,7 +268,7 @@ def test_two_calls_at_once_each_get_their_own_answer_and_video_is_sampled_at_2_f
                     done_a, done_b = await asyncio.gather(a.next_event("response.done", timeout_s=30),
                                                           b.next_event("response.done", timeout_s=30))
                     for done in (done_a, done_b):
-                        assert done["response"]["status"] == "completed"
+                        assert done["response"]["status"] == "incomplete"
                     assert len(a.events_of("response.created")) == len(b.events_of("response.created")) == 1
                     assert not video_call.events_of("response.created")  # the silent third call heard nothing
                 text = await metrics_text(url)

@@ -49,6 +49,7 @@ def test_bad_offers_get_400_with_a_json_error_and_the_server_keeps_working() -> 
                 ({"sdp": good, "type": "answer"}, None, "invalid_value"),
                 ({"sdp": good, "type": "offer", "voice": "bob"}, None, "invalid_value"),
                 ({"sdp": good, "type": "offer", "instructions": 42}, None, "invalid_value"),
+                ({"sdp": good, "type": "offer", "language": "xx"}, None, "invalid_value"),
                 ({"sdp": "v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n", "type": "offer"}, None, "invalid_sdp"),
                 ({"sdp": "v=0\r\nthis is not sdp\r\n", "type": "offer"}, None, "invalid_sdp"),
             ]

@@ -70,7 +70,7 @@ def test_a_relay_only_caller_talks_through_coturn(tmp_path: Path) -> None:
                 await call.next_event("session.created", timeout_s=10)
                 await say(call, mic)
                 done = (await call.next_event("response.done", timeout_s=30))["response"]
-                assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
+                assert done["status"] == "incomplete" and done["metrics"]["frames_sent"] > 0
                 await asyncio.sleep(0.3)
                 assert call.audio.first_sound_after(0.0) is not None
             finally:

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ class Answer:
         self.frames = 0
         self.frame_times: list[float] = []
         self.thinker_done = False  # the text is complete (EOS, or the length limit)
+        self.ended_itself = False  # the Thinker ended it (<|im_end|>), no limit did
         self.speaking = False  # frames are still being made
         self.spoken = False  # the answer is spoken (the Talker makes its frames), not text only
         self.text_after_end = 0  # Talker steps fed since the text ended (tts_eos first, then tts_pad)
@@ -51,6 +53,7 @@ class Answer:
         self.step_started = started
         self.after: list[Callable[[], None]] = []  # run on the worker once the answer is done
         self.calls: AnswerCalls | None = None  # its function calls, when the session offers tools (tools.py)
+        self.lock: Any = None  # its text's grammar state under the language lock (language.py), when there is one
         self.talker_behind: torch.Tensor | None = None  # its first frame's codes, while their Talker step waits
 
     @property
@@ -67,11 +70,13 @@ class Answer:
         """The Thinker's next token for this answer: <|im_end|> ends its text; a token of a function call goes to
         its calls (their events go out from there); returns the transcript's delta for a token of text."""
         if token == self.context.ids.im_end:
-            self.thinker_done = True
+            self.thinker_done = self.ended_itself = True
             return None
         self.tokens.append(token)
         if self.calls is not None and not self.calls.take(token):
             return None
+        if self.lock is not None and not self.lock.consume_token(token):
+            raise RuntimeError(f"a token outside the language lock was drawn: {self.lock.get_error()}")
         return self._delta(token)
 
     @property
@@ -80,7 +85,10 @@ class Answer:
         return self.calls is not None and self.calls.in_calls
 
     def constraint(self) -> Constraint | None:
-        """What its next draw may take (`AnswerCalls.constraint`), None for any token."""
+        """What its next draw may take: its text's under the language lock, else `AnswerCalls.constraint`; None
+        for any token."""
+        if self.lock is not None and (self.calls is None or self.calls.matcher is None):  # (not in a call)
+            return self.lock
         return self.calls.constraint() if self.calls is not None else None
 
     def _delta(self, token: int) -> TextDelta:
@@ -106,8 +114,18 @@ class Answer:
                 and len(self.tokens) < self.options.max_answer_tokens)
 
     def end_speech(self) -> None:
+        """The speech is over; at the length limit of a spoken answer its text stops too, but for a function call
+        being written (a call is not spoken: it goes on to its end, within the token budget)."""
         self.speaking = False
-        self.thinker_done = self.thinker_done or self.frames >= self.options.max_frames  # the text stops too
+        self.thinker_done = self.thinker_done or (self.frames >= self.options.max_frames and not self.calling)
+
+    def ended(self) -> str:
+        """Why the answer ended (`ResponseDone.ended`)."""
+        if self.interrupted_at is not None:
+            return "interrupted"
+        if self.spoken and self.frames >= self.options.max_frames:
+            return "max_output_duration"
+        return "end" if self.ended_itself else "max_output_tokens"
 
     def finish(self) -> None:
         """Leave the caches holding the answer as the caller heard it (its text up to the cut, its complete calls)
@@ -130,11 +148,13 @@ class Answer:
             self.metrics["tokens"] = len(self.tokens)
             if self.calls is not None:
                 self.metrics["grammar_ms"] = self.calls.spent_s * 1e3
+                self.metrics["closing_tokens"] = self.calls.closing_tokens
             self.metrics["total_ms"] = (time.perf_counter() - self.started) * 1e3  # the whole answer made
             decoded = context.core.tokenizer.decode(heard)
             done = tuple(self.calls.done) if self.calls is not None else ()
             cut = self.calling and len(self.tokens) > self.calls.complete_tokens  # a call had begun, not ended
-            self.emit(ResponseDone(decoded, tuple(heard), self.frames, interrupted, self.metrics, done, cut))
+            self.emit(ResponseDone(decoded, tuple(heard), self.frames, interrupted, self.metrics, done, cut,
+                                   self.ended()))
 
 
 def tick(pool: SlotPool, answers: list[Answer]) -> None:

@@ -20,6 +20,7 @@ from .kernels import attention, moe, norm, rotary
 from .engine import Engine
 from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, ToolCallDone
 from .options import PREPARE_AFTER_SILENCE_MS, QUANTIZE_CHOICES, EngineOptions, SessionOptions
+from .. import language as languages
 from .tools import AnswerCalls, Tool, ToolSet
 from .graphs import rows_for
 
@@ -101,6 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="offer every session the five BENCH_TOOLS: auto (the model may call; the answers are "
                              "the same kind), required (every answer is a call, its JSON held to its schema), named "
                              "(every answer calls the tool whose turn it is, each in turn)")
+    parser.add_argument("--language", choices=list(languages.LANGUAGES),
+                        help="every session's language lock (rtc_agent/language.py); stage_ms then has "
+                             "thinker_token_language, a Thinker token of every row under the lock")
     parser.add_argument("--compare-stock", action="store_true", help="also time stock generate on the same turn")
     parser.add_argument("--stock-runs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -186,7 +190,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     tools = ToolSet(BENCH_TOOLS, args.tools if args.tools != "named" else "required") if args.tools != "none" \
         else ToolSet()
     sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
-                                                  max_frames=args.answer_frames, tools=tools))
+                                                  max_frames=args.answer_frames, tools=tools,
+                                                  language=args.language))
                 for n in range(args.sessions)]
     lag = LoopLag()
     watching = asyncio.create_task(lag.watch())
@@ -336,6 +341,16 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
             elif row in calls:
                 calls[row].take(token)
 
+    def token_in_lock(locks: dict[int, Any]) -> None:
+        """A Thinker token for every row under the language lock: its mask computed during the step, the drawn
+        token taken into its text's grammar (a fresh one at the answer's end)."""
+        pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False, constraints=locks)
+        for row, token in enumerate(pool.tokens()):
+            if row in locks and token == engine.ids.im_end:
+                locks[row] = engine.tool_runtime.text_matcher(options.language, calls=False)
+            elif row in locks and not locks[row].consume_token(token):
+                raise RuntimeError(f"a token outside the language lock was drawn: {locks[row].get_error()}")
+
     stages = {
         "thinker_token": lambda: (pool.start_tokens(thinker_rows, [options.thinker_sampling] * rows, overlap=False),
                                   pool.tokens()),
@@ -354,6 +369,9 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
         calls = {r: AnswerCalls(engine.tool_runtime, ToolSet(BENCH_TOOLS, "required"), 1 << 30, lambda event: None)
                  for r in slots}
         result["thinker_token_in_call"] = _median_ms(engine, lambda: token_in_call(calls), 5 * repeats)
+    if options.language is not None:
+        locks = {r: engine.tool_runtime.text_matcher(options.language, calls=False) for r in slots}
+        result["thinker_token_language"] = _median_ms(engine, lambda: token_in_lock(locks), 5 * repeats)
     for context, (thinker_length, talker_length) in zip(contexts, lengths):
         context.cache.crop(thinker_length)
         context.talker.cache.crop(talker_length)

@@ -158,10 +158,11 @@ class CallContext:
                                  core.options.video_still_threshold)
 
     def apply(self, options: SessionOptions) -> None:
-        """New session options; a new system prompt (instructions, tools) replaces the old one in the cache from
+        """New session options; a new system prompt (instructions, tools, language) replaces the old one in the cache from
         the next turn on."""
         self.undo_prepared()
-        changed = (options.instructions, options.tools.tools) != (self.options.instructions, self.options.tools.tools)
+        changed = (options.instructions, options.tools.tools, options.language) != \
+            (self.options.instructions, self.options.tools.tools, self.options.language)
         self.options = options
         if changed and self.segments:
             self.segments[0] = Segment("system", self._system_ids())
@@ -396,7 +397,7 @@ class CallContext:
 
     def _system_ids(self) -> list[int]:
         i = self.ids
-        text = system_text(self.options.instructions, self.options.tools.tools)
+        text = system_text(self.options.instructions, self.options.tools.tools, self.options.language)
         return [i.im_start, i.system, i.newline, *self.core.tokenizer.encode(text, add_special_tokens=False),
                 i.im_end, i.newline]
 
@@ -559,11 +560,15 @@ class CallContext:
         self.turn = None
         answer = Answer(self, emit, started, header, self.cache.length - len(header))
         allowed = None
-        if self.options.tools.tools:
-            answer.calls = AnswerCalls(self.core.tool_runtime, self.options.tools, self.options.max_answer_tokens,
+        tools = self.options.tools
+        if tools.tools:
+            answer.calls = AnswerCalls(self.core.tool_runtime, tools, self.options.max_answer_tokens,
                                        lambda event: answer.emit(event))
-            if (constraint := answer.constraint()) is not None:
-                allowed = self.core.pool.masks.one(constraint)
+        if self.options.language is not None:
+            answer.lock = self.core.tool_runtime.text_matcher(self.options.language,
+                                                              calls=bool(tools.tools) and tools.choice == "auto")
+        if (constraint := answer.constraint()) is not None:
+            allowed = self.core.pool.masks.one(constraint)
         self.slot.answer = answer
         speaks = self.talker is not None and self.options.speech
         first = yield TokenRequest(last, self.options.thinker_sampling, self.generator, allowed,

@@ -283,6 +283,8 @@ class Session:
         frames = min(options.max_frames or eo.max_frames, eo.max_frames)
         if options.tools.tools and self.engine.tool_runtime is None:
             raise ValueError("this model's tokenizer has no <tool_call> token: it cannot call functions")
+        if options.language is not None and self.engine.tool_runtime is None:
+            raise ValueError("this model's tokenizer has no <tool_call> token: the language lock is not built for it")
         return replace(options, max_answer_tokens=tokens, max_frames=frames)
 
     def update(self, **changes: Any) -> None:

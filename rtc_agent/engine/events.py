@@ -30,7 +30,7 @@ class SpeechFrame:
 
 @dataclass(frozen=True)
 class ResponseDone:
-    """The answer is over: finished, cut by its length limit, or interrupted (barge-in)."""
+    """The answer is over: finished, cut by a limit, or interrupted (barge-in, cancel): `ended` says which."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -39,8 +39,12 @@ class ResponseDone:
     metrics: dict[str, float] = field(default_factory=dict)  # ttfp_ms, ttft_ms, audio_s, frame_ms_p50, ...
     tool_calls: tuple["ToolCallDone", ...] = ()  # the answer's complete function calls (`text` is what precedes them)
     call_cut: bool = False  # a call was still being written when the answer stopped (cut, or out of tokens): dropped
+    # "end" (the model ended it), "interrupted", or the limit that stopped it: "max_output_tokens" (the answer's
+    # token budget, `max_answer_tokens`) or "max_output_duration" (a spoken answer's length, `max_frames`)
+    ended: str = "end"
 
 
+LIMITS = ("max_output_tokens", "max_output_duration")  # the `ended` of an answer a limit cut
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .. import language as languages
 from .sampling import Sampling
 from .tools import ToolSet
 
@@ -90,6 +91,7 @@ class SessionOptions:
     max_frames: int | None = None
     speech: bool = True  # False: answers are text only (the Talker sits them out); no effect on a text-only engine
     tools: ToolSet = ToolSet()  # functions the model may call (tools.py), listed in the system turn
+    language: str | None = None  # the language lock (language.py): answers written in this language's scripts
 
     def __post_init__(self) -> None:
         if self.voice not in VOICES:
@@ -98,6 +100,7 @@ class SessionOptions:
             raise ValueError("instructions must be a string of at most 20000 characters")
         if not isinstance(self.tools, ToolSet):
             raise ValueError("tools must be a ToolSet")
+        languages.check(self.language)
         if self.greedy:  # greedy is greedy everywhere; the Talker keeps its repetition penalty, as stock does
             object.__setattr__(self, "thinker_sampling", replace(self.thinker_sampling, greedy=True))
             object.__setattr__(self, "talker_sampling", replace(self.talker_sampling, greedy=True))

@@ -14,10 +14,22 @@ tables (a new tool list compiles in about a millisecond), masks in tens of micro
 maintained by the guidance-ai team and used by vLLM, SGLang and llama.cpp. (xgrammar pulls in torch, transformers,
 triton, pydantic and a TVM runtime of its own; outlines-core builds a token index per schema up front.)
 
-What a schema leaves open is bounded, so that a call always ends within the answer's token budget even from a model
-that babbles: a string without `maxLength` is at most `DEFAULT_MAX_STRING` characters, an array without `maxItems`
-at most `DEFAULT_MAX_ITEMS` items, and an object takes only the properties it names unless `additionalProperties`
-says otherwise. The JSON is written as the model was trained to write it: `", "` and `": "`, no other whitespace.
+What a schema leaves open is bounded (a string without `maxLength` is at most `DEFAULT_MAX_STRING` characters, an
+array without `maxItems` at most `DEFAULT_MAX_ITEMS` items, and an object takes only the properties it names unless
+`additionalProperties` says otherwise), and the grammar knows the tokens left in the answer's budget: a call always
+ends within it, whatever the model draws and on any tokenizer. From the state of a call, its *closing* is the
+shortest way to finish it that this module finds: byte by byte (one single-byte token each: every byte-level
+vocabulary has them), close the open string, then `}`, `]` and the closing newline at the earliest point the grammar
+allows them, with the shortest values (`0`, `""`) where a required property or item must come first (`closing`).
+One token lengthens the closing by at most `step` bytes for each byte of it that may open something (`,[{":\\`, the
+`STRUCTURE` bytes), plus one `step` for what its other bytes may start (a longer enum value or key, a UTF-8
+character, an escape): `step` is the longest closing of a fresh value of any of the tools' sub-schemas, plus the
+longest property name (`ToolRuntime.costs`). So before each draw in a call, with `slack` tokens to spare after the
+draw and the closing: a token with k such bytes may be drawn while (k + 1) step <= slack, and so may the closing's
+next token (a fixed mask of those, on top of the grammar's); once no other token may, the closing itself is drawn,
+one forced token after the other. The call's `</tool_call>` comes one token before the budget's end at the latest,
+leaving the answer's `<|im_end|>` its room. The JSON is written as the model was trained to write it: `", "` and
+`": "`, no other whitespace.
 """
 from __future__ import annotations
 
@@ -25,13 +37,14 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import numpy as np
 import torch
 
+from .. import language as languages
 from .events import ToolCallArguments, ToolCallDone, ToolCallStarted
 from .graphs import DeviceCopy, to_device
 
@@ -43,7 +56,11 @@ DEFAULT_MAX_STRING = 256
 DEFAULT_MAX_ITEMS = 16
 MIN_CALL_ROOM = 64  # tokens left in the answer's budget for another call to start after one
 MASK_THREADS = 4  # llguidance's threads for the masks of the rows in a call (a step's masks at once)
-Constraint = Union["LLMatcher", np.ndarray]  # a call's grammar state (llguidance.LLMatcher), or a fixed mask
+# what a draw may take: a grammar's state (llguidance.LLMatcher), a fixed mask, or the two at once (both must allow)
+Constraint = Union["LLMatcher", np.ndarray, tuple["LLMatcher", np.ndarray]]
+STRUCTURE = frozenset(b',[{":\\')  # bytes of a call that may open something it must then close (module docstring)
+CLOSERS = b'}]\n0"'  # the closing's bytes outside a string, in the order it prefers them
+NO_COST = 64  # a sub-schema's cost where it cannot be compiled on its own (a $ref to a path outside $defs)
 CALL_PREFIX = '{"name": "'  # how every call's JSON starts (the grammar writes it so)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -116,8 +133,12 @@ class ToolSet:
         return tuple(t for t in self.tools if self.choice in CHOICES or t.name == self.choice)
 
 
-def system_text(instructions: str, tools: tuple[Tool, ...]) -> str:
-    """The system turn's text with the tools listed, as Qwen3's chat template writes it."""
+def system_text(instructions: str, tools: tuple[Tool, ...], language: str | None = None) -> str:
+    """The system turn's text: the instructions, what the language lock holds answers to, and the tools listed, as
+    Qwen3's chat template writes them."""
+    if language is not None:
+        instructions = f"{instructions}\n\n{languages.instruction(language)}" if instructions else \
+            languages.instruction(language)
     if not tools:
         return instructions
     lines = "".join("\n" + json.dumps({"type": "function", "function": {
@@ -181,7 +202,7 @@ def _validate(grammar: str) -> str:
 
 class ToolRuntime:
     """The engine's side: the model's tokenizer as llguidance reads it (built once, about half a second) and the
-    compiled grammars of the tool sets in use."""
+    compiled grammars of the tool sets and language locks in use."""
 
     def __init__(self, tokenizer: Any, vocab: int, open_id: int, close_id: int, end_id: int) -> None:
         import llguidance.hf
@@ -190,7 +211,15 @@ class ToolRuntime:
         self.words = (vocab + 31) // 32
         self.special = {"open": open_id, "close": close_id, "end": end_id}
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
-        self._matchers: dict[tuple[ToolSet, bool], Any] = {}
+        self._matchers: dict[tuple[ToolSet | str, bool], Any] = {}
+        self._costs: dict[ToolSet, tuple[int, int]] = {}
+        self.bytes = [self.tokenizer.decode_bytes([t]) for t in range(vocab)]
+        regular = [not self.tokenizer.is_special_token(t) for t in range(vocab)]
+        self.byte_token = {b[0]: t for t, b in enumerate(self.bytes) if len(b) == 1 and regular[t]}
+        self.fallback = np.array([*(self.byte_token[b] for b in sorted(self.byte_token)), end_id, open_id])
+        openers = np.array([sum(c in STRUCTURE for c in b) if r else 0 for b, r in zip(self.bytes, regular)])
+        # at_most[k]: the tokens with at most k STRUCTURE bytes
+        self.at_most = [_pack(openers <= k, self.words) for k in range(int(openers.max()))]
         self.no_calls = np.full(self.words, -1, dtype=np.int32)  # every token but <tool_call>
         self.no_calls.view(np.uint32)[open_id // 32] &= ~np.uint32(1 << (open_id % 32))
         self.end_only = np.zeros(self.words, dtype=np.int32)  # <|im_end|> alone
@@ -219,6 +248,118 @@ class ToolRuntime:
             self._matchers[key] = compiled
         return self._matchers[key].deep_copy()
 
+    def text_matcher(self, language: str, calls: bool) -> Any:
+        """A fresh matcher of an answer's text under the language lock (language.py); `calls`: a function call
+        may follow the text."""
+        key = (language, calls)
+        if key not in self._matchers:
+            from llguidance import LLMatcher
+
+            grammar = languages.grammar(language, self.special["end"], self.special["open"] if calls else None)
+            self._matchers[key] = LLMatcher(self.tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
+        return self._matchers[key].deep_copy()
+
+    def one_token(self, token: int) -> np.ndarray:
+        """The mask of `token` alone."""
+        words = np.zeros(self.words, dtype=np.uint32)
+        words[token // 32] = np.uint32(1 << (token % 32))
+        return words.view(np.int32)
+
+    def costs(self, tools: ToolSet) -> tuple[int, int]:
+        """`tools`' `step` (the most one token without STRUCTURE bytes can lengthen a call's closing: module
+        docstring) and the length of the shortest call from its `<tool_call>` on, in tokens (computed once)."""
+        if tools not in self._costs:
+            from llguidance import LLMatcher
+
+            names, values = set(), []
+            for tool in tools.callable:
+                schema = bounded(tool.schema)
+                defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+                for sub in _subschemas(schema):
+                    names.update(sub["properties"] if isinstance(sub.get("properties"), dict) else ())
+                    grammar = LLMatcher.grammar_from_lark(
+                        f"start: value\nvalue: %json {json.dumps({**defs, **sub, 'x-guidance': JSON_STYLE})}\n")
+                    matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
+                    values.append(NO_COST if matcher.is_error() else len(self.closing(matcher, _Scan(), None)))
+            step = max(values) + max((len(json.dumps(n)) for n in names), default=2) + len(', "": ')
+            call = 1 + len(self.closing(self.matcher(tools, opened=True), _Scan(), self.special["close"]))
+            self._costs[tools] = (step, call)
+        return self._costs[tools]
+
+    def closing(self, matcher: Any, scan: "_Scan", stop: int | None) -> list[int]:
+        """The closing's tokens from `matcher`'s state (module docstring), up to `stop` (a call's </tool_call>) or
+        the grammar's end; `scan`: where the JSON so far is (in a string or not). The matcher is left as it was."""
+        tokens: list[int] = []
+        scan = _Scan(scan.in_string, scan.escaped)
+        try:
+            while not matcher.is_stopped() and not (stop is None and matcher.is_accepting()):
+                token = self._closer(matcher, scan, stop)
+                tokens.append(token)
+                if token == stop or token == self.special["end"]:
+                    break
+                scan.feed(self.bytes[token])
+            return tokens
+        finally:
+            matcher.rollback(len(tokens))
+
+    def _closer(self, matcher: Any, scan: "_Scan", stop: int | None) -> int:
+        """The closing's next token, taken into `matcher`."""
+        forced = matcher.compute_ff_bytes()  # (bytes the grammar allows no alternative to: a key's rest, ": ")
+        if forced and forced[0] in self.byte_token and matcher.try_consume_tokens([self.byte_token[forced[0]]]):
+            return self.byte_token[forced[0]]
+        preferred = b'"' if scan.in_string and not scan.escaped else b"" if scan.in_string else CLOSERS
+        candidates = ([stop] if stop is not None else []) + [self.byte_token[b] for b in preferred
+                                                              if b in self.byte_token]
+        for token in candidates:
+            if matcher.try_consume_tokens([token]):
+                return token
+        words = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32)
+        for token in self.fallback[(words[self.fallback >> 5] >> (self.fallback & 31)) & 1 == 1].tolist():
+            if matcher.try_consume_tokens([token]):
+                return token
+        raise RuntimeError("a call's grammar allows no single-byte token: it cannot be closed")
+
+
+def _pack(allowed: np.ndarray, words: int) -> np.ndarray:
+    """Booleans by token as llguidance's mask words."""
+    bits = np.zeros(words * 32, dtype=bool)
+    bits[:len(allowed)] = allowed
+    return np.packbits(bits, bitorder="little").view(np.int32)
+
+
+def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+    """`schema` and every schema inside it."""
+    if not isinstance(schema, dict):
+        return
+    yield schema
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            for sub in value.values():
+                yield from _subschemas(sub)
+        elif key in ("items", "additionalProperties", "contains", "not", "if", "then", "else"):
+            for sub in value if isinstance(value, list) else [value]:
+                yield from _subschemas(sub)
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
+            for sub in value:
+                yield from _subschemas(sub)
+
+
+@dataclass
+class _Scan:
+    """Whether the JSON written so far ends inside a string (and right after its backslash)."""
+
+    in_string: bool = False
+    escaped: bool = False
+
+    def feed(self, data: bytes) -> None:
+        for byte in data:
+            if self.escaped:
+                self.escaped = False
+            elif self.in_string and byte == 0x5C:
+                self.escaped = True
+            elif byte == 0x22:
+                self.in_string = not self.in_string
+
 
 class TokenMasks:
     """Which tokens each row of the Thinker's batch may draw, one bit per token (llguidance's layout: bit j of word
@@ -246,24 +387,29 @@ class TokenMasks:
         self.staging.wait_sent()
         host = self.staging.host
         host.fill_(-1)
-        matchers = []
-        for row, constraint in constraints.items():
-            if isinstance(constraint, np.ndarray):
-                host[row] = torch.from_numpy(constraint)
-            else:
-                matchers.append((constraint, row))
-        if matchers:
-            self._compute(matchers, host)
+        self._fill(host, constraints)
         return self.staging.send()
 
     def one(self, constraint: Constraint) -> torch.Tensor:
         """One row's mask on the device [1, words], for a draw outside the batched step (an answer's first)."""
         host = torch.full((1, self.words), -1, dtype=torch.int32)
-        if isinstance(constraint, np.ndarray):
-            host[0] = torch.from_numpy(constraint)
-        else:
-            self._compute([(constraint, 0)], host)
+        self._fill(host, {0: constraint})
         return to_device(host, self.staging.device.device)
+
+    def _fill(self, host: torch.Tensor, constraints: dict[int, Constraint]) -> None:
+        """The rows' masks into `host` (its other rows as they are): fixed masks copied, the grammars' computed."""
+        matchers, fixed = [], []
+        for row, constraint in constraints.items():
+            matcher, mask = (None, constraint) if isinstance(constraint, np.ndarray) else \
+                constraint if isinstance(constraint, tuple) else (constraint, None)
+            if matcher is not None:
+                matchers.append((matcher, row))
+            if mask is not None:
+                fixed.append((row, torch.from_numpy(mask), matcher is not None))
+        if matchers:
+            self._compute(matchers, host)
+        for row, mask, both in fixed:
+            host[row] = host[row] & mask if both else mask
 
     def _compute(self, matchers: list[tuple[Any, int]], host: torch.Tensor) -> None:
         if self._executor is None:
@@ -279,6 +425,7 @@ class _Call:
     utf8: bytes = b""  # their text
     name: str | None = None
     sent: int = 0  # characters of its arguments sent as deltas
+    scan: _Scan = field(default_factory=_Scan)
 
 
 class AnswerCalls:
@@ -292,28 +439,53 @@ class AnswerCalls:
         """`budget`: the answer's most tokens."""
         self.runtime, self.tools, self.budget, self.emit = runtime, tools, budget, emit
         self.matcher = runtime.matcher(tools, opened=False) if tools.forced else None
+        self.step, self.call_cost = runtime.costs(tools) if tools.tools else (0, 0)
+        self.forced: list[int] = []  # the closing being drawn, once the budget left no room for free draws
+        self.closing_tokens = 0  # the tokens of its calls that the budget forced (their closings)
         self.calls: list[_Call] = []
         self.done: list[ToolCallDone] = []
         self.in_calls = False  # a call has opened: no more text
         self.text_tokens = 0  # the answer's tokens before its first call
         self.complete_tokens = 0  # its tokens up to the end of the last complete call
         self._seen = 0
-        self.spent_s = 0.0  # host time taking its tokens (the grammar's state, the calls' events)
+        self.spent_s = 0.0  # host time on its calls (the grammar's state, their closing, their events)
 
     def constraint(self) -> Constraint | None:
-        """What the answer's next draw may take: the grammar's state in a call, a fixed mask (no call with
-        `tool_choice` none; the answer's end), or None for any token. After a call, another one may start only
-        with room for twice the longest so far (at least `MIN_CALL_ROOM` tokens): the answer ends rather than cut
-        a call at its token limit."""
+        """What the answer's next draw may take: in a call, the grammar's state, with the tokens left in the
+        answer's budget (module docstring); a fixed mask (no call with `tool_choice` none; the answer's end), or
+        None for any token. After a call, another one may start only with room for twice the longest so far (at
+        least `MIN_CALL_ROOM` tokens, and the shortest call's): the answer ends rather than cut a call short."""
         if self.matcher is not None and self._seen == self.complete_tokens and self.done:
-            room = max(MIN_CALL_ROOM, 2 * max(len(c.tokens) + 2 for c in self.calls))
+            room = max(MIN_CALL_ROOM, 2 * max(len(c.tokens) + 2 for c in self.calls), self.call_cost + 2 * self.step)
             if not self.tools.parallel or self.budget - self._seen < room:
                 return self.runtime.end_only
-        if self.matcher is not None:
             return self.matcher
+        if self.matcher is not None:
+            started = time.perf_counter()
+            try:
+                return self._in_call()
+            finally:
+                self.spent_s += time.perf_counter() - started
         if self.tools.choice == "none":
             return self.runtime.no_calls
         return None
+
+    def _in_call(self) -> Constraint:
+        """A call's next draw: free under the grammar while the closing fits with room to spare; nearer the
+        budget's end, a token with fewer STRUCTURE bytes or the closing's next; then the closing itself (module
+        docstring)."""
+        if self.forced:
+            return self.runtime.one_token(self.forced[0])
+        left = self.budget - 1 - self._seen  # the tokens still to come, <|im_end|>'s apart
+        closing = self.runtime.closing(self.matcher, self.calls[-1].scan if self.calls else _Scan(),
+                                       self.runtime.special["close"])
+        most = (left - 1 - len(closing)) // self.step - 1  # STRUCTURE bytes the token drawn now may have
+        if most < 0:
+            self.forced = closing
+            return self.runtime.one_token(closing[0])
+        if most >= len(self.runtime.at_most):
+            return self.matcher
+        return self.matcher, self.runtime.at_most[most] | self.runtime.one_token(closing[0])
 
     def take(self, token: int) -> bool:
         """The answer drew `token`; returns True when it is text (before any call)."""
@@ -334,6 +506,10 @@ class AnswerCalls:
         if self.matcher is None:
             self.text_tokens = self._seen
             return True
+        if self.forced:
+            if self.forced.pop(0) != token:
+                raise RuntimeError("a token other than the forced closing's was drawn")
+            self.closing_tokens += 1
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"a token outside the tools' grammar was drawn: {self.matcher.get_error()}")
         self.in_calls = True
@@ -348,7 +524,8 @@ class AnswerCalls:
 
     def _advance(self, call: _Call, token: int) -> None:
         call.tokens.append(token)
-        call.utf8 += self.runtime.tokenizer.decode_bytes([token])
+        call.utf8 += self.runtime.bytes[token]
+        call.scan.feed(self.runtime.bytes[token])
         text = call.utf8.decode("utf-8", errors="ignore").lstrip("\n")  # (a character split across tokens: later)
         if call.name is None:
             match = re.match(r'\{"name": "([A-Za-z0-9_-]+)", "arguments": ', text)

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .. import language as languages
 from ..config import EAGERNESS_LEVELS, VOICES, TurnSettings
 from ..engine.tools import CHOICES, MAX_TOOLS, Tool, ToolSet
 from ..media import moonshine
@@ -36,6 +37,7 @@ class Offer:
     resume_token: str | None = None  # a call's token from session.created: a new connection for that call
     transcription: TranscriptionChange = None  # input_audio_transcription (None: the server's default)
     ice: str = ""  # the ICE credentials of its audio line (sdp_offer.check_offer): the same offer again has them
+    language: str | None = None  # the language lock (language.py); None: the server's (--language)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class SessionUpdate:
     tool_choice: str | None = None  # auto, none, required or a tool's name
     parallel_tool_calls: bool | None = None
     transcription: TranscriptionChange = None
+    language: str | None = None  # the language lock: a language's code, "" for none (JSON null); None: unchanged
 
     def tool_set(self, current: ToolSet) -> ToolSet | None:
         """The session's tools after this update (None: unchanged); ProtocolError for a combination the engine
@@ -145,6 +148,16 @@ def _text_only(value: Any) -> bool:
         raise ProtocolError("invalid_value", 'output_modalities must be ["audio"] (spoken answers, with their '
                                              'transcript) or ["text"] (written answers)')
     return value == ["text"]
+
+
+def _language(value: Any, name: str = "language") -> str:
+    """A language lock's code (null: no lock, as "")."""
+    if value is None:
+        return ""
+    try:
+        return languages.check(value if isinstance(value, str) else repr(value))
+    except ValueError as exc:
+        raise ProtocolError("invalid_value", f"{name}: {exc}", name) from None
 
 
 def _instructions(value: Any) -> str | None:
@@ -262,8 +275,9 @@ def parse_offer(body: Any) -> Offer:
     voice, instructions = _voice(body.get("voice")), _instructions(body.get("instructions"))
     transcription = transcription_setting(body["input_audio_transcription"], "input_audio_transcription") \
         if "input_audio_transcription" in body else None
+    language = _language(body["language"]) or None if body.get("language") is not None else None
     return Offer(sdp=sdp, voice=voice, instructions=instructions, resume_token=resume, ice=check_offer(sdp),
-                 transcription=transcription)
+                 transcription=transcription, language=language)
 
 
 # session.update's turn_detection <-> TurnSettings
@@ -335,7 +349,7 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
         if not isinstance(session, dict):
             raise ProtocolError("invalid_value", 'session.update needs a "session" object')
         unknown = set(session) - {"voice", "instructions", "turn_detection", "output_modalities", "tools",
-                                  "tool_choice", "parallel_tool_calls", "input_audio_transcription"}
+                                  "tool_choice", "parallel_tool_calls", "input_audio_transcription", "language"}
         if unknown:
             raise ProtocolError("unknown_parameter", f"session.{sorted(unknown)[0]} cannot be updated")
         given = {k: v for k, v in session.items() if v is not None}
@@ -351,6 +365,7 @@ def parse_client_message(text: str | bytes, turn: TurnSettings) -> ClientMessage
             transcription=transcription_setting(session["input_audio_transcription"],
                                                 "session.input_audio_transcription")
             if "input_audio_transcription" in session else None,
+            language=_language(session["language"], "session.language") if "language" in session else None,
         )
     if kind == "input_audio_buffer.commit":
         return Commit()

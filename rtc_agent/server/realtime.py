@@ -103,6 +103,8 @@ def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
             ours["output_modalities"] = value
         elif key in TOOL_KEYS:
             ours[key] = value
+        elif key == "language":  # our extension: the language lock (README, "Language lock")
+            ours[key] = value
         elif key in FIXED:
             if value not in FIXED[key]:
                 raise _unsupported(param, json.dumps(value)[:80])
@@ -147,15 +149,16 @@ def _audio(audio: Any, param: str) -> dict[str, Any]:
 
 
 def session_object(session_id: str, model: Any, voice: str, instructions: str, turn: TurnSettings,
-                   text_only: bool = False, tools: ToolSet = ToolSet(),
+                   text_only: bool = False, tools: ToolSet = ToolSet(), language: str | None = None,
                    transcription: Transcription | None = None) -> dict[str, Any]:
-    """The GA session object of session.created / session.updated and of a client secret."""
+    """The GA session object of session.created / session.updated and of a client secret (plus our `language`)."""
     detection = turn_description(turn)
     if detection is not None:
         detection = {**detection, "create_response": True, "interrupt_response": True, "idle_timeout_ms": None}
     return {
         "type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
         "output_modalities": output_modalities(text_only), "instructions": instructions, **tool_description(tools),
+        "language": language,
         "max_output_tokens": "inf", "tracing": None, "truncation": "auto", "prompt": None, "include": None,
         "audio": {
             "input": {"format": PCM_FORMAT, "transcription": transcription_description(transcription),
@@ -260,13 +263,16 @@ class RealtimeEvents:
 
     def description(self) -> dict[str, Any]:
         return session_object(self.session_id, self.model, self.voice, self.instructions, self.conversation.turn,
-                              self.conversation.text_only, self.conversation.tools, self.conversation.transcription)
+                              self.conversation.text_only, self.conversation.tools,
+                              language=self.conversation.session.options.language,
+                              transcription=self.conversation.transcription)
 
     def apply(self, update: SessionUpdate) -> None:
         """A parsed session update (ProtocolError when the conversation refuses a value)."""
         try:
             self.conversation.update(update.voice, update.instructions, update.turn, update.text_only,
-                                     update.tool_set(self.conversation.tools), update.transcription)
+                                     update.tool_set(self.conversation.tools), language=update.language,
+                                     transcription=update.transcription)
         except ValueError as exc:
             raise ProtocolError("invalid_value", str(exc)) from None
         self.voice = update.voice or self.voice
@@ -419,6 +425,8 @@ class RealtimeEvents:
             details = {"type": "cancelled", "reason": r.cancel_reason}
         elif status == "failed":
             details = {"type": "failed", "error": {"type": "server_error", "code": "engine_error"}}
+        elif status == "incomplete":  # a limit cut it: {"type": "incomplete", "reason": "max_output_tokens" or ...}
+            details = done["status_details"]
         response = self._response_object(r, status, output=[output[i] for i in sorted(output)],
                                          metrics=done.get("metrics"))
         response["status_details"] = details

@@ -185,8 +185,10 @@ async def create_client_secret(request: web.Request) -> web.Response:
                              update.instructions if update and update.instructions is not None else s.instructions,
                              (update and update.turn) or s.turn,
                              update.text_only if update and update.text_only is not None else s.no_talker, tools,
-                             update.transcription if update and isinstance(update.transcription, Transcription)
-                             else None)
+                             language=(update.language if update and update.language is not None else s.language)
+                             or None,
+                             transcription=update.transcription
+                             if update and isinstance(update.transcription, Transcription) else None)
     return web.json_response({"value": value, "expires_at": secret.expires_at, "session": session})
 
 
@@ -252,7 +254,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     s = state.settings
     check_capacity(state)
     try:
-        engine_session = await new_engine_session(state, s.voice, s.instructions)
+        engine_session = await new_engine_session(state, s.voice, s.instructions, s.language)
         vad = await state.vads.acquire()
         try:
             end_of_turn = state.end_of_turn

@@ -209,7 +209,8 @@ class CallSession:
             if isinstance(msg, SessionUpdate):
                 try:
                     conversation.update(msg.voice, msg.instructions, msg.turn, msg.text_only,
-                                        msg.tool_set(conversation.tools), msg.transcription)
+                                        msg.tool_set(conversation.tools), language=msg.language,
+                                        transcription=msg.transcription)
                 except ValueError as exc:
                     raise ProtocolError("invalid_value", str(exc)) from None
                 self.voice = msg.voice or self.voice
@@ -267,6 +268,7 @@ class CallSession:
             "input_audio_transcription_note": self.settings.transcription_note,
             "output_modalities": output_modalities(self.conversation.text_only),
             **tool_description(self.conversation.tools),
+            "language": self.conversation.session.options.language,
             "input_audio": {"sample_rate": 16000, "vad": "silero"},
             "output_audio": {"codec": "opus", "packet_ms": 80, "sample_rate": 24000},
             "resume": {"token": self.resume_token, "window_s": self.settings.resume_window_s},

@@ -140,11 +140,12 @@ async def _resume_call(state: ServerState, offer: Offer) -> web.Response:
     return _answer_response(pc, call.id)
 
 
-async def new_engine_session(state: ServerState, voice: str, instructions: str) -> EngineSession:
+async def new_engine_session(state: ServerState, voice: str, instructions: str, language: str | None
+                             ) -> EngineSession:
     from ..engine import EngineFullError, SessionOptions
 
     try:
-        options = SessionOptions(voice=voice, instructions=instructions,
+        options = SessionOptions(voice=voice, instructions=instructions, language=language,
                                  max_frames=max(1, round(state.settings.max_answer_s / PACKET_S)))
         return await state.engine.open_session(options)
     except ValueError as exc:
@@ -183,7 +184,7 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
-    engine_session = await new_engine_session(state, voice, instructions)
+    engine_session = await new_engine_session(state, voice, instructions, offer.language or settings.language)
     return await _new_call(state, offer, engine_session, voice, instructions, realtime)
 
 

@@ -73,5 +73,5 @@ def test_chromium_relay_only_call_through_coturn(net: Any, start_server: Callabl
     assert result["local"] == "relay", dump(result)
     # The answer streamed through the relay; it may be cut by the caller's next utterance (the WAV loops), as in
     # test_call_page, which CI's loaded machine showed once.
-    assert result["response_status"] in ("completed", "cancelled") and result["frames"] > 0, dump(result)
+    assert result["response_status"] in ("incomplete", "cancelled") and result["frames"] > 0, dump(result)
     assert result["packets"] > 10, dump(result)
