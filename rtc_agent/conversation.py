@@ -777,6 +777,7 @@ class Conversation:
             self._semantic.close()
         if self._captions is not None:
             self._captions.close()
+            self._captions = None
         self.track.interrupt()
         worker, self._worker = self._worker, None  # (its CancelledError's traceback refers back to self)
         tasks = [t for t in (worker, *self._side_tasks) if t is not None]

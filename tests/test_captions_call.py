@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
+
 from rtc_agent.client.peer import Call
 
 from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import SeededEngine, caller, needs_espeak, run, say, server
+from rtc_support import SeededEngine, audio_offer, caller, needs_espeak, run, say, server, wait_ready
 from test_server_call import wait_state
 
 COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -100,3 +102,25 @@ def test_captions_follow_the_offer_and_session_update_and_a_push_to_talk_turn_is
                 "input_audio_transcription"] is None
 
     run(main(), timeout_s=150)
+
+
+def test_captions_asked_of_a_server_without_them_are_refused_and_take_no_slot() -> None:
+    async def main() -> None:
+        async with server(transcription="off") as (url, _):
+            await wait_ready(url)
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{url}/api/config") as r:
+                    assert (await r.json())["input_audio_transcription"] is None
+                async with http.get(f"{url}/capacity") as r:
+                    free = (await r.json())["free"]
+                for _ in range(free + 1):  # more than the slots: none may be kept by a refused offer
+                    body = {"type": "offer", "sdp": await audio_offer(), "input_audio_transcription": {}}
+                    async with http.post(f"{url}/api/offer", json=body) as r:
+                        assert r.status == 400 and (await r.json())["error"]["code"] == "unsupported_value"
+                async with http.get(f"{url}/capacity") as r:
+                    assert (await r.json())["free"] == free
+            async with caller(url) as (call, _):
+                created = (await call.next_event("session.created", timeout_s=10))["session"]
+                assert created["input_audio_transcription"] is None
+
+    run(main(), timeout_s=120)

@@ -149,6 +149,10 @@ class CaptionPool:
 Emit = Callable[..., None]  # emit(event_type, **fields)
 
 
+def _say_nothing(kind: str, **fields: object) -> None:
+    pass
+
+
 @dataclasses.dataclass
 class _Turn:
     """A turn's item and its parts' transcripts, in content_index order (None: not in yet)."""
@@ -269,11 +273,14 @@ class Captions:
         self._lead_in.clear()
 
     def close(self) -> None:
+        """Says nothing more, and lets go of `emit` (the conversation's), so that an ended call is freed by
+        reference counting while its jobs still wait in the pool's queue."""
         self._closed = True
         for part in [self._part, *self._finishing]:
             if part is not None:
                 self._cancel(part)
-        self._part, self._finishing = None, []
+        self._part, self._finishing, self._turn = None, [], None
+        self._emit = _say_nothing
 
     # ---- parts ----------------------------------------------------------------------------------------------
     def _ask(self, part: _Part) -> None:

@@ -166,12 +166,14 @@ async def _adopt_call(state: ServerState, offer: Offer) -> CallSession | None:
         raise ApiError(503, "server_full", f"all {state.sessions.max_sessions} call slots of this process are "
                        "taken", {"Retry-After": str(RETRY_AFTER_FULL_S)}, reason="slots") from None
     try:
+        transcription = _transcription(state, offer, False)
         adopted = await state.engine.adopt(offer.resume_token or "")
         if adopted is None:
             return None
         engine_session, was = adopted
         options = engine_session.options
-        call = await _new_call(state, offer, engine_session, options.voice, options.instructions, moved=True)
+        call = await _new_call(state, offer, engine_session, options.voice, options.instructions, transcription,
+                               moved=True)
     finally:
         state.sessions.release()
     state.sessions.add(call)
@@ -184,17 +186,17 @@ async def _start_call(state: ServerState, offer: Offer, realtime: bool) -> CallS
     settings = state.settings
     voice = offer.voice or settings.voice
     instructions = offer.instructions if offer.instructions is not None else settings.instructions
+    transcription = _transcription(state, offer, realtime)  # (refused before an engine session is opened)
     engine_session = await new_engine_session(state, voice, instructions, offer.language or settings.language)
-    return await _new_call(state, offer, engine_session, voice, instructions, realtime)
+    return await _new_call(state, offer, engine_session, voice, instructions, transcription, realtime)
 
 
 async def _new_call(state: ServerState, offer: Offer, engine_session: EngineSession, voice: str, instructions: str,
-                    realtime: bool = False, moved: bool = False) -> CallSession:
+                    transcription: Transcription | None, realtime: bool = False, moved: bool = False) -> CallSession:
     """A call on `engine_session`, its offer answered. A page's call (not `realtime`: a Realtime client has no use
     for our resume token) on an engine in another process is left waiting there if this process dies, so that
     its caller can resume it in another."""
     settings = state.settings
-    transcription = _transcription(state, offer, realtime)
     vad = await state.vads.acquire()
     end_of_turn = state.end_of_turn
     pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))

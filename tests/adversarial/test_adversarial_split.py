@@ -89,7 +89,7 @@ def test_the_front_refuses_bad_input_as_one_process_does(tmp_path: Path) -> None
             async with caller(URL, token=TOKEN) as (call, mic):
                 await say(call, mic, "Hello, how are you?")
                 done = (await call.next_event("response.done", timeout_s=30))["response"]
-                assert done["status"] == "completed" and done["metrics"]["frames_sent"] > 0
+                assert done["status"] in ("completed", "incomplete") and done["metrics"]["frames_sent"] > 0
                 assert not call.events_of("error")
             text = log.read_text()
             assert "Traceback" not in text and not re.search(r" 500 [\d.]+ ms", text), text[-3000:]
