@@ -25,14 +25,14 @@ class TurnSettings:
     """How the server decides that the caller's turn started, ended, or interrupts the answer."""
 
     vad_threshold: float = 0.5  # silero speech probability that counts as speech
-    silence_ms: int = 400  # hang-over: this much silence after speech ends the turn (README says why 400)
+    silence_ms: int = 400  # hang-over: this much silence after speech ends the turn (docs/turn-taking.md says why 400)
     prefix_padding_ms: int = 300  # audio kept from before the detected speech start
     min_speech_ms: int = 128  # shorter speech is a false start (cough, click): dropped, no turn
     barge_in_ms: int = 256  # caller speech this long during an answer interrupts it
     auto: bool = True  # False: push-to-talk, only input_audio_buffer.commit ends a turn
     turn_detection: str = "semantic_vad"  # server_vad: silence_ms ends a turn; semantic_vad: the end-of-turn model
     # (build_settings: server_vad when none is asked for and the model is not installed)
-    eagerness: str = "auto"  # semantic_vad: low | medium | high | auto (README: Turn-taking)
+    eagerness: str = "auto"  # semantic_vad: low | medium | high | auto (docs/turn-taking.md)
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,15 @@ class Settings:
     drain_timeout_s: float = 300.0  # on SIGTERM: no new calls, wait this long at most for calls to end
     model: str = "tiny"
     device: str = "auto"
-    quantize: str = "none"  # none | int4 | auto: INT4 weights (README: Memory and quantization)
+    quantize: str = "none"  # none | int4 | auto: INT4 weights (docs/memory.md, "INT4 weights")
     voice: str = "ethan"
     instructions: str = DEFAULT_INSTRUCTIONS
     language: str | None = None  # the language lock of every call (language.py); None: none
     max_answer_s: float = 30.0  # an answer's speech stops after this long (the random-weight tiny model never ends)
     turn: TurnSettings = field(default_factory=TurnSettings)
     peer_timeout_s: float = 5.0  # no inbound audio this long: the peer is gone, the call is ended
-    video_fps: float = 2.0  # caller video frames per second handed to the model (README: Video)
-    video_max_side: int = 384  # frames are scaled to fit in this square, sides multiples of 32 (README: Video)
+    video_fps: float = 2.0  # caller video frames per second handed to the model (docs/api.md, "Video")
+    video_max_side: int = 384  # frames are scaled to fit in this square, sides multiples of 32 (docs/api.md, "Video")
     video_window_s: int = 30  # seconds of caller video the model keeps in its context; 0: video is ignored
     no_talker: bool = False  # text-only agent: neither the Talker nor Code2Wav is loaded; answers are text
     no_audio_stream: bool = False  # an answer's audio goes out only once all of it is made (then paced)
@@ -76,8 +76,8 @@ class Settings:
     media_processes: int = -1  # processes for the calls' media beside the engine's; 0: one process; -1: auto
     end_of_turn_on: str = "auto"  # media: Smart Turn on each media process's CPU; engine: on the engine's device,
     # every call's verdicts batched; overflow: media, a process's decisions beyond one at a time on the engine;
-    # auto: overflow on a GPU, else media (README: Turn-taking)
-    last_words: bool = False  # semantic_vad also hears the turn's last words (README: Turn-taking; off: why there)
+    # auto: overflow on a GPU, else media (docs/turn-taking.md, "Where the verdicts run")
+    last_words: bool = False  # semantic_vad also hears the turn's last words (docs/turn-taking.md; off: why there)
     # captions of the caller's words on the page's calls (/api/offer): on, off, or auto (on where the speech
     # recogniser is installed; build_settings decides); /v1 calls follow their session's transcription setting
     transcription: str = "auto"

@@ -518,7 +518,8 @@ class Conversation:
             # The answer is made ready from the chunk before the first check on (auto: the pause's first silent
             # chunk), so that the engine has two chunks, not one, before the turn can end (EARLIEST_END_MS): 24
             # callers' preparations took 57-94 ms from the last of their asks to their first frames on the H200
-            # (docs/PERFORMANCE.md, thirty-fourth session). A pause inside the speech costs one preparation more
+            # (heard at 24 at once 236.6 -> 225.1 ms P50, asking at 32 instead of 64 ms; docs/performance.md,
+            # "Many callers at once"). A pause inside the speech costs one preparation more
             # (undone: the engine's work only), 0.6-0.8 per espeak-ng sentence of the turn-taking sets.
             self._prepare_after_ms = min(PREPARE_AFTER_SILENCE_MS, max(CHUNK_MS, eagerness.first_check_ms - CHUNK_MS))
 
@@ -726,7 +727,8 @@ class Conversation:
         """Ask the engine to prepare the answer without waiting for it to be ready (`_call_on`): an answer asked for
         while it is still being made starts the moment it is ready, on the engine's side. (Awaited here, the
         answer's request went out only once the preparation's reply came back, and then waited behind a step of
-        the other calls' answers: 10-28 ms P50 of 24 at once, docs/PERFORMANCE.md, twenty-seventh session.)"""
+        the other calls' answers: 10-28 ms P50 of 24 at once, against 0.5-1.4 ms now, measured on an H200 with
+        `studies/device_loadtest.sh`.)"""
         started = time.monotonic()
 
         def prepared() -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The loads of `scripts/device_ab.sh` (or device_processes.sh part 1) as one markdown table, and each worker
-trace's bursts: what a closing note and docs/PERFORMANCE.md report of an A/B through the server.
+trace's bursts: what a closing note and docs/performance.md report of an A/B through the server.
 
     python3 scripts/ab_table.py /work/.device/5/new1.tar.gz /work/.device/5/old2.tar.gz [--bursts 14]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How well and how fast the captions of the caller's words work (media/captions.py, docs/CAPTIONS.md).
+"""How well and how fast the captions of the caller's words work (media/captions.py, docs/captions.md).
 
     .venv/bin/python scripts/caption_eval.py wer                     # WER, espeak-ng and two flite voices
     .venv/bin/python scripts/caption_eval.py wer --real --table      # + the real recordings, a row per utterance

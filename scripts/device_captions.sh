@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Captions on a GPU machine (docs/CAPTIONS.md): `rtc-agent serve` with its defaults (full-size synthetic model,
+# Captions on a GPU machine (docs/captions.md): `rtc-agent serve` with its defaults (full-size synthetic model,
 # media processes, captions on), then A/B in one run on that server: one caller, then 24 callers at once (LOADS),
 # each with and without captions, twice (on, off, on, off). Each load test's JSON is kept;
 # one summary line per run gives heard latency, the captions and each server process's CPU.

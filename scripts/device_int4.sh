@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# INT4 on a GPU machine (docs/PERFORMANCE.md, "INT4"): the quality check (checks/int4.py) on the full-size synthetic
+# INT4 on a GPU machine (docs/performance.md, "INT4"): the quality check (checks/int4.py) on the full-size synthetic
 # model, then the engine bench with bf16 and with int4 weights in the same run (1 session, then SESSIONS at once).
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says): OUT=dir bash scripts/device_int4.sh [STAGES]
 # STAGES: any of check bench batch video audio (default: check bench batch); QUANTS: the modes (default "none int4");

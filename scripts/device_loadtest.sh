@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Many callers through the real server on a GPU machine (docs/PERFORMANCE.md, "Several callers"): the engine bench
+# Many callers through the real server on a GPU machine (docs/performance.md, "Many callers at once"): the engine bench
 # for 1 and 8 sessions, then `rtc-agent serve`: the server's first two calls with the camera on, then
 # `rtc-agent loadtest` with 1, 4, 8 and 16 callers at once and 8 callers joining one after another while the others
 # are mid-answer. Turns end by the 400 ms silence rule (server_vad): what is measured is the engine and the server,

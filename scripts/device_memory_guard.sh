@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory guard on a real GPU (docs/MEMORY.md): `rtc-agent serve` with the full-size synthetic model and its
+# The memory guard on a real GPU (docs/memory.md): `rtc-agent serve` with the full-size synthetic model and its
 # GPU memory capped (--gpu-memory-fraction) so that it idles just under the guard, N callers in progress, then
 # memory pressure, then one more caller, who must be refused (503 server_full, reason memory) while the N finish
 # with 0 errors; then, with the pressure gone, a caller is admitted again. Everything is printed to stdout.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Callers per GPU through `rtc-agent serve` as processes by role (docs/PERFORMANCE.md, "Processes by role"), on a
+# Callers per GPU through `rtc-agent serve` as processes by role (docs/performance.md, "Processes by role"), on a
 # GPU machine, full-size synthetic model. Part 1: the server's defaults (semantic_vad, slots as fit, media
 # processes auto): 1 caller (3 turns), 8, 16 and 24 at once, then 8 at once with one media process killed (SIGKILL)
 # mid-call. Part 2: `--turn-detection server_vad --max-sessions 32`: 8 and 32 at once.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Function calls on a GPU machine, full-size synthetic model (docs/PERFORMANCE.md, "Function calls"): the engine
+# Function calls on a GPU machine, full-size synthetic model (docs/performance.md, "Function calls and the language lock"): the engine
 # bench without tools (1 session: the first packet), with tools offered (8 sessions, --tools auto: the first packet
 # and the Thinker step with and without every row masked), then written answers at 8 sessions unconstrained and as
 # calls (--tools required: the model picks the tool; --tools named: each tool in turn), every call checked against

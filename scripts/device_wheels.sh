@@ -229,7 +229,7 @@ PY
 fi
 
 # Speech at 24 kHz (made once: espeak-ng's output does not change): a question that semantic_vad's Smart Turn
-# doubts, and a sentence it ends at an early check (docs/PERFORMANCE.md, fifteenth session)
+# doubts, and a sentence it ends at an early check (docs/performance.md, "Method")
 speech() {
     [ -s "$out/$1" ] && return
     tmpwav=$(mktemp --suffix=.wav)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """How often a turn's speech holds a silence run of a given length before its end: the preparations a server asks
-for that the caller's next words undo (docs/PERFORMANCE.md, thirty-fourth session). Each sentence of the espeak-ng
+for that the caller's next words undo (0.6-0.8 more a sentence at 32 ms than at 64; docs/turn-taking.md). Each
+sentence of the espeak-ng
 turn-taking sets (scripts/turn_speech.py) goes through silero and the server's TurnDetector (default threshold,
 hysteresis as served) at several chunk phases; a run counts where speech follows it.
 

@@ -12,7 +12,7 @@ policy). They are for reporting only, like the `heldout` set of scripts/turn_spe
 is no tuning half.
 
 Three kinds of clip (labels from the transcripts that ship with the material and from timings measured on
-the audio, never from listening, which is impossible here; docs/TURN_TAKING.md says how):
+the audio, never from listening, which is impossible here; docs/turn-taking.md says how):
 - finished: a whole sentence (statement, command or question) and then silence.
 - paused: a sentence that goes on after a silence of >= 0.6 s inside it. JFK's is one recording with its own
   pauses; the others are a phone system's prompt that was recorded to be continued (its transcript ends in
@@ -146,7 +146,7 @@ def _librivox(n: str) -> Part:
 
 def clips(transcripts: dict[str, str]) -> list[Clip]:
     """The whole set, in the order it is spoken. Timings given here (end_ms, JFK's pauses and cut) are from a
-    forced alignment of the shipped transcript with pocketsphinx 5.1.1 (docs/TURN_TAKING.md)."""
+    forced alignment of the shipped transcript with pocketsphinx 5.1.1 (docs/turn-taking.md)."""
     out = [Clip(f"allison/{i}", "finished", "allison (Asterisk, 8 kHz)", transcripts[i],
                 [Part("asterisk-core-sounds-en-wav", f"{ALLISON}{i}.wav")]) for i in ALLISON_FINISHED]
     out += [

@@ -1,8 +1,8 @@
 """What the audio of a turn says about its end besides Smart Turn's one number: cheap prosodic evidence, computed
 in numpy from the turn's audio (16 kHz mono float32, as SemanticTurn holds it) at a check, 1.5-5 ms each.
 For the offline study only (scripts/turn_tuning.py, scripts/turn_evidence.py): no policy built on it did better
-than semantic_vad's auto on held-out speech, so the server does not use it (docs/TURN_TAKING.md, fourteenth
-session).
+than semantic_vad's auto on held-out speech, so the server does not use it (docs/turn-taking.md, "What was
+tried").
 
 - `tail_db`: the level of the last 200 ms of speech against the utterance's loud level (P90 of its 20 ms
   frames); a sentence end trails off, a word cut by a pause less so.

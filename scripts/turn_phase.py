@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How Smart Turn's verdicts on one recording move with the 32 ms chunk phase (docs/TURN_TAKING.md, twenty-first
-session): the WAV replayed through silero and the server's TurnDetector with 0, 64, ... 448 samples of silence in
+"""How Smart Turn's verdicts on one recording move with the 32 ms chunk phase (docs/turn-taking.md, "What was
+tried"): the WAV replayed through silero and the server's TurnDetector with 0, 64, ... 448 samples of silence in
 front, and at 64, 128 and 192 ms of its final silence the end-of-turn model's P(complete) (`*`: semantic_vad
 `auto` ends the turn there).
 

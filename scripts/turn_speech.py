@@ -4,11 +4,11 @@ scripts/turn_tuning.py).
 Three sets of different sentences, each with complete questions and sentences with a 600-1000 ms SSML <break> in
 the middle: `tuning` (the semantic_vad thresholds and check times were chosen on it), `heldout` (written before
 any score of it was seen, never used to choose anything; the numbers reported come from it) and `fresh` (written
-in the fifteenth session, when the held-out sentences had been seen while the last-words check was drafted).
+after the held-out sentences had been seen while the last-words check was drafted).
 Voice: espeak-ng's default English voice at its default rate. Other voices (en-us, en-gb-x-rp, en-us+f3) and a
 comma or "..." before the break (a continuation tone) were tried on a few sentences and separated complete from
 cut speech no better; Debian's archive here has no mbrola voices. flite's four voices (`voice="flite:slt"`...)
-say the same sets for comparison: they separate no better either (docs/TURN_TAKING.md).
+say the same sets for comparison: they separate no better either (docs/turn-taking.md).
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ QUESTIONS = {
         "What is the difference between a frog and a toad?",
         "Should I take an umbrella with me today?",
     ],
-    # Written in the fifteenth session, before any score of it was seen, after the last-words check was built
+    # Written before any score of it was seen, after the last-words check was built
     # (its word rule had been drafted with the sentences above in view): questions of other shapes, some ending
     # on a stranded preposition, a number or a name.
     "fresh": [
@@ -148,7 +148,7 @@ PAUSED = {
         ("Let me know when", 700, "the washing machine is done."),
         ("Could you find out if", 800, "my flight is delayed?"),
     ],
-    # fifteenth session, as its questions above: twelve pauses after a word no sentence ends with, and eight at a
+    # Written as its questions above: twelve pauses after a word no sentence ends with, and eight at a
     # phrase boundary where the words so far could be a whole sentence (people pause there too)
     "fresh": [
         ("I would like to order a pizza with", 800, "extra cheese and olives."),

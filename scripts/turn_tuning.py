@@ -41,7 +41,7 @@ from turn_speech import SETS, VOICES, Sentence, speech_set  # noqa: E402
 RATE = 16_000
 FINISHED = ("question", "statement", "finished")  # a whole sentence, then silence (synthetic sets; real speech)
 LONGEST_MS = 1600  # scores kept after the real end
-VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/TURN_TAKING.md)
+VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/turn-taking.md)
 WORDS_MS = 90  # the last words come this long after the pause's first check (last_words.py, a 2-3 s turn)
 
 

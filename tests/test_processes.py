@@ -99,7 +99,7 @@ def test_a_killed_media_process_ends_only_its_calls_and_is_replaced(tmp_path: Pa
                 # Every frame made was sent. Whether they came on time is the machine's capacity, a timing, and
                 # timings stay out of these tests: on CI's slower 2-core machines the tiny model makes a frame in
                 # 65-77 ms P50 next to the other processes, and 0-11 of this answer's 50 were late (25-45 before
-                # the twenty-fifth session's changes; docs/PERFORMANCE.md). 0 late frames with 8 callers and a
+                # Code2Wav's decoder worked only on the samples a frame depends on). 0 late frames with 8 callers and a
                 # kill is measured on a GPU (scripts/device_processes.sh).
                 metrics = done["metrics"]
                 print(f"\nthe kept call's answer: {metrics['frames_late']} of {metrics['frames_sent']} frames late")

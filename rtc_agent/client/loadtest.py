@@ -396,7 +396,8 @@ def speech_end_spread(callers: list[dict[str, Any]]) -> list[float]:
     """For each turn (the callers' first, second...), how far apart the callers' speech ended: the last less the
     first, in ms. Callers started together do not stop together (each call's media starts when it connects), and
     at many callers this spread decides much of the heard latency: the server's work for the turns that ended
-    first is done, or not, by the time the last ones end (docs/PERFORMANCE.md, twenty-eighth session)."""
+    first is done, or not, by the time the last ones end (24 at once on an H200: spreads of 23-99 ms, and heard
+    follows them; docs/performance.md, "Many callers at once")."""
     ends: dict[int, list[float]] = {}
     for c in callers:
         for n, turn in enumerate(c["turns"]):

@@ -193,7 +193,8 @@ class FrameRequest:
     answer prepared in a round in one batched step (`speak`), the last stage of the round. Only the frame: on the
     H200 the stage took 42 ms for 24 answers with the Thinker token and Talker step for their second frames, which
     every one of them waited for before its first could go out; their first step makes those, as it would have
-    waited for this stage's anyway (docs/PERFORMANCE.md, twenty-eighth session)."""
+    waited for this stage's anyway (the stage 42 -> 11 ms of GPU for 24 answers; docs/performance.md, "Many callers
+    at once")."""
 
     answer: Answer
 

@@ -54,7 +54,7 @@ class LogMel:
     device and left there. Why: the library computes them on the worker's CPU thread, 0.75 ms a second of audio
     on the H200 machine when idle and several times that when a burst of turn ends keeps every core busy, a third
     of a preparation's host time; with them on the GPU, 24 turn ends at once got their first packets after 74-85
-    instead of 94-115 ms P50 (A/B/A/B on one host, docs/PERFORMANCE.md, twentieth session)."""
+    instead of 94-115 ms P50 (A/B/A/B on one H200 host, `studies/device_ab.sh`)."""
 
     def __init__(self, feature_extractor, device: torch.device) -> None:
         if feature_extractor.dither:

@@ -480,7 +480,8 @@ class CallContext:
         The first frame is made here (`EngineOptions.first_frame_in_preparation`), in the round's last stage with
         the other answers prepared in it, so that the turn's end costs no step of the GPU: with 24 callers ending
         their turns at once such a step took 45 ms, which each of them waited after their verdict
-        (docs/PERFORMANCE.md, twenty-fourth session). The Thinker token and Talker step that lead to its second
+        (the engine's part of the first packet 54-64 -> 5-21 ms P50 at 24, `studies/device_ab.sh`). The Thinker
+        token and Talker step that lead to its second
         frame are left to the answer's first step (`answer.speak`).
 
         The audio still pending goes into the answer's own prefill (one prefill, not two, at every pause), and an

@@ -51,7 +51,7 @@ def _allocator_bytes(device: torch.device) -> tuple[int, int, int]:
     Not `torch.cuda.memory_allocated` and its siblings: each of them flattens every counter of the allocator into
     a sorted dict in Python (`memory_stats`), milliseconds holding the GIL next to the engine's worker thread. The
     engine's status is read twice a second by every media process: in a burst of 24 turn ends on the H200 those
-    reads were half of the engine process's event-loop time (docs/PERFORMANCE.md, sixteenth session)."""
+    reads were half of the engine process's event-loop time (its worker trace, `RTC_AGENT_WORKER_TRACE`)."""
     stats = torch.cuda.memory_stats_as_nested_dict(device)
     allocated = stats.get("allocated_bytes", {}).get("all", {})
     reserved = stats.get("reserved_bytes", {}).get("all", {})

@@ -38,7 +38,7 @@ DEFAULT_CPU_SLOTS = 4
 # in media processes beside it (server/processes.py). More slots only when asked for (--max-sessions).
 MAX_AUTO_SLOTS = 24
 GPU_RESERVE_BYTES = 6 << 30  # prefill activations (a long video turn), cuBLAS workspaces, the allocator's slack
-SLOT_OVERHEAD = 1.5  # a slot's graphs and Code2Wav buffers on top of its KV caches (measured: docs/PERFORMANCE.md)
+SLOT_OVERHEAD = 1.5  # a slot's graphs and Code2Wav buffers on top of its KV caches (measured: docs/performance.md)
 MAX_KEPT_PROMPTS = 8  # system prompts whose keys and values are kept for new calls (≈ 20 MB each at full size)
 
 

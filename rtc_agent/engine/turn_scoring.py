@@ -6,7 +6,7 @@ Why: on the CPU each verdict is 60-100 ms of a core. When many callers stop toge
 cores beside everything else the calls need (32 turns ending at once on the H200 machine's 16 cores: verdicts
 after 240-268 ms P50, and the media processes' event loops 22-27 ms late). On the GPU a batch of 32 is 26 ms, one
 turn 2.5 ms: verdicts after 7-8 ms, loops at most 5.5 ms late. Every verdict from here is not the default: these
-are not onnxruntime's verdicts, those the thresholds were chosen on (README: Turn-taking). With overflow a lone
+are not onnxruntime's verdicts, those the thresholds were chosen on (docs/turn-taking.md). With overflow a lone
 caller's verdicts stay onnxruntime's and a burst's come from here. The media processes send the turn's audio
 (remote.py) and wait for the verdict; the last words, where heard, stay on their CPUs.
 

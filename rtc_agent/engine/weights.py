@@ -2,7 +2,7 @@
 
 The library's own init is not usable for this: talker experts are left `torch.empty`, talker routers are zeros
 (every token goes to the same experts), and a meta-device model's SnakeBeta parameters hold garbage
-(DESIGN.md). One cheap fill per tensor avoids all three and is fast on the GPU.
+(uninitialised memory). One cheap fill per tensor avoids all three and is fast on the GPU.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ another's (only an answer about to run out of speech gets a step between two sta
 keep their order: a job waits while an earlier one of the same session (its `key`) is in a round.
 
 `RTC_AGENT_WORKER_TRACE=path` writes one JSON line per job submitted, started and done, per piece of a job's host
-work, per round and per step to `path.<pid>` (docs/PERFORMANCE.md reads such a trace): the way to see where a slow
+work, per round and per step to `path.<pid>` (docs/performance.md reads such a trace): the way to see where a slow
 first packet waited.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to
 # Below this lead an answer that is playing gets its next frame before the next stage of a round, not after the
 # round: a stage at 24 rows takes up to 40 ms (the Thinker prefill), a whole round of 21-24 preparations ~95 ms on
 # the H200, more than the 80 ms of lead an answer has after its first frame. Two answers that started just before
-# such a round were 18 ms late (a server's first burst of 24, docs/PERFORMANCE.md, twenty-first session).
+# such a round were 18 ms late (a server's first burst of 24, `studies/device_loadtest.sh`).
 CRITICAL_LEAD_S = 0.05
 
 

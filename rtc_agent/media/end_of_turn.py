@@ -2,13 +2,14 @@
 policy built on it.
 
 The model file ships in the `pipecat-ai` wheel (BSD-2), a dependency of the project for that file alone: it is
-loaded by path, pipecat is never imported (its analyzer class runs a pipeline of its own; README: "Turn-taking").
+loaded by path, pipecat is never imported (its analyzer class runs a pipeline of its own; docs/turn-taking.md,
+"The end-of-turn model").
 Where the file is missing, a server left at the default turn detection runs server_vad instead (config.py).
 The input is what the model was trained on: Whisper log-mel features (80 bins) of the turn's last 8 s at 16 kHz,
 zero-padded at the front, made by transformers' WhisperFeatureExtractor; the output is one sigmoid,
 P(the turn is complete).
 
-Beside it, with the server's --last-words (off by default: docs/TURN_TAKING.md, fifteenth session, says why),
+Beside it, with the server's --last-words (off by default: docs/turn-taking.md, "The last words", says why),
 what the turn ends with in words (last_words.py: Moonshine's transcript, once per pause, and a language model's
 P(a sentence ends there)): a turn whose words are unfinished ("a table for") is never ended by the early
 verdicts, and one whose words could end a sentence is ended by them at a lower P(complete)
@@ -50,8 +51,8 @@ INSTALL_HINT = "pip install pipecat-ai==1.14.0 (a dependency of rtc-agent: its w
 SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxruntime thread each
 # The decision of a media process's only call, while no other decision runs there, splits the model over two
 # threads: on the H200 host's cores the model takes 60 ms on one thread and 34 on two (71 ms of CPU in all), and a
-# lone caller's verdict came 20 ms sooner, 8 callers' (one a process) 30 ms (docs/PERFORMANCE.md, nineteenth
-# session). With more calls a process the host's cores are the limit when their turns end together (16 callers on
+# lone caller's verdict came 20 ms sooner, 8 callers' (one a process) 30 ms (`studies/device_loadtest.sh`). With
+# more calls a process the host's cores are the limit when their turns end together (16 callers on
 # 16 cores had slower verdicts with two threads), so they keep to one thread each.
 WIDE_THREADS = 2
 LOCAL_AT_ONCE = 1  # with the engine taking the overflow: a process's decisions on its own threads at once
@@ -59,8 +60,8 @@ LOCAL_AT_ONCE = 1  # with the engine taking the overflow: a process's decisions 
 # the H200 machine's 16), and the threads that every caller's answer waits on in turn (the engine's worker, the
 # media processes' event loops) got their CPU after them. The scoring threads run at this much higher a nice value:
 # the others go first, and the decisions, spread over many cores, lose little (24 turn ends at once, A/B/A on one
-# H200 host: first packets 97-104 against 108-122 ms P50, verdicts no later; docs/PERFORMANCE.md, twentieth
-# session). Without contention it changes nothing.
+# H200 host: first packets 97-104 against 108-122 ms P50, verdicts no later; `studies/device_ab.sh`). Without
+# contention it changes nothing.
 SCORING_NICE = 5
 
 
@@ -152,7 +153,7 @@ class _LocalAsk:
     """A decision on this process's threads: its audio, and the verdict its caller awaits. Compared by identity:
     the generated __eq__ compared the audio arrays, which raised in `_asked_here.remove` whenever a decision came
     back before one asked earlier, and then every later verdict of the process was lost (its calls' turns ended
-    only at semantic_vad's longest wait; docs/PERFORMANCE.md, thirty-fourth session)."""
+    only at semantic_vad's longest wait, 3 s)."""
     audio: np.ndarray
     verdict: asyncio.Future[Decision]
     hedged: bool = False  # asked of the engine too
@@ -168,7 +169,8 @@ class EndOfTurnScorer:
     GPU in a few milliseconds. A lone caller's verdicts stay onnxruntime's, those the thresholds were chosen on.
     When a decision goes to the engine while one of the process's own is under way, that one is asked of the
     engine too and the first verdict back is taken: under such a burst the process's own took 85-108 ms, and its
-    turn ended 32-64 ms after the others of the burst (docs/PERFORMANCE.md, thirty-first session)."""
+    turn ended 32-64 ms after the others of the burst; with the hedge every turn of 24 ends at 96 ms of silence
+    (docs/turn-taking.md, "Where the verdicts run")."""
 
     def __init__(self, model: Callable[[np.ndarray, int], float] | None,
                  hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None,
@@ -342,7 +344,7 @@ class Eagerness:
     whatever was said (a sentence cut in its pause scores 0.9 and more after 500 ms of it), so the early
     verdicts must be surer as the silence goes on, and the later ones come after the pauses people make
     inside a sentence (0.6-1 s). The numbers were chosen on the `tuning` speech set (scripts/turn_tuning.py)
-    and are reported on a held-out set (docs/TURN_TAKING.md)."""
+    and are reported on a held-out set (docs/turn-taking.md)."""
 
     threshold: float
     first_check_ms: int
@@ -386,16 +388,16 @@ LATE_THRESHOLD = 0.5
 # some short gaps inside a sentence as a silence of exactly 64 ms (`.whl/question.wav`, "What is the weather |
 # like in Paris today?", at one chunk phase in six, where Smart Turn says 0.97). A verdict back within 32 ms ended
 # the turn there and the answer came over the caller; a slower one came back after speech had resumed and was
-# dropped. So whether a caller was cut depended on the CPU's speed (docs/TURN_TAKING.md, twentieth session).
+# dropped. So whether a caller was cut depended on the CPU's speed.
 EARLIEST_END_MS = CHUNK_MS * 3
 # Early verdicts chosen on the tuning speech set with scripts/turn_tuning.py: auto/medium the fastest keeping at
 # least 70 % of its mid-sentence pauses, low 85 %, high 50 % (the late verdicts as before); averaging two
-# verdicts (average_of=2) did better offline but worse live on the tuning set. docs/TURN_TAKING.md has them on
+# verdicts (average_of=2) did better offline but worse live on the tuning set. docs/turn-taking.md has them on
 # the held-out set.
 _LATE = {"patient_ms": 1100, "late_recheck_ms": 480, "max_wait_ms": 3000}
 # With the last words heard and able to end a sentence, auto/medium's first early verdict ends the turn whatever it
 # says (0.0): on the tuning sets (espeak-ng and flite's four voices, scripts/turn_tuning.py --search) the fastest
-# policy keeping 80 % of the mid-sentence pauses (docs/TURN_TAKING.md, fifteenth session). high and low keep their
+# policy keeping 80 % of the mid-sentence pauses (docs/turn-taking.md, "The last words"). high and low keep their
 # thresholds: the words only hold their early verdicts back.
 FINISHED_THRESHOLD = 0.0
 EAGERNESS = {

@@ -57,7 +57,7 @@ def _quantize_dequantize(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tenso
     instead of six, with the same arithmetic: rounding x / scale, clamping it to the integer range less the zero
     point (`low`, `high`: at load), scaling it back. Adding the zero point before the clamp and taking it off after
     is exact on these integers, so the values are the same (torch.fake_quantize_per_tensor_affine, one op,
-    multiplies by 1 / scale and moved verdicts: docs/PERFORMANCE.md, twenty-eighth session)."""
+    multiplies by 1 / scale, and that moved verdicts against onnxruntime's)."""
     scale = _broadcast(scale, x, axis)
     return torch.div(x, scale).round_().clamp_(low, high).mul_(scale)
 

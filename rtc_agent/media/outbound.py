@@ -1,6 +1,6 @@
 """The agent's voice out: one Opus packet per 80 ms frame, encoded here, paced in real time, silence between answers.
 
-aiortc's own encoder cuts audio into 20 ms packets; handing it 80 ms frames breaks the audio (DESIGN.md). So
+aiortc's own encoder cuts audio into 20 ms packets; handing it 80 ms frames breaks the audio. So
 `recv()` returns an `av.Packet` that PyAV's libopus already encoded with frame_duration=80, which aiortc sends as
 one RTP packet. libopus takes the engine's 24 kHz directly (Opus is band-limited, not tied to a rate), so
 nothing is resampled; the RTP clock is 48 kHz as Opus requires: the timestamp steps 3840 per answer packet.

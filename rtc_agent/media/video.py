@@ -1,4 +1,4 @@
-"""Caller video in: keep `fps` frames a second, scaled for the model's vision encoder (README: Video)."""
+"""Caller video in: keep `fps` frames a second, scaled for the model's vision encoder (docs/api.md, "Video")."""
 from __future__ import annotations
 
 import time

@@ -282,7 +282,7 @@ def make_runner(app: web.Application, **kwargs: Any) -> Runner:
 
 # The engine's worker thread needs the GIL for every kernel launch and host copy; at Python's default 5 ms switch
 # interval it waits behind the event loop (aiortc, Opus and the VAD of every call). H200, 8 callers at once: server
-# ttfp P50 925 ms at 5 ms, 542 ms at 0.5 ms (docs/PERFORMANCE.md).
+# ttfp P50 925 ms at 5 ms, 542 ms at 0.5 ms (one process for everything, before the split by role).
 SWITCH_INTERVAL_S = 0.0005
 
 

@@ -1,6 +1,6 @@
 """The wire contract: the offer body, the client's data-channel messages, the server's session description.
 
-Names follow the OpenAI Realtime API where one fits (see README.md, "The contract").
+Names follow the OpenAI Realtime API where one fits (see docs/api.md, "The data channel").
 """
 from __future__ import annotations
 

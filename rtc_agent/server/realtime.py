@@ -103,7 +103,7 @@ def parse_session(session: Any, turn: TurnSettings) -> SessionUpdate:
             ours["output_modalities"] = value
         elif key in TOOL_KEYS:
             ours[key] = value
-        elif key == "language":  # our extension: the language lock (README, "Language lock")
+        elif key == "language":  # our extension: the language lock (docs/api.md, "Language lock")
             ours[key] = value
         elif key in FIXED:
             if value not in FIXED[key]:

@@ -13,7 +13,7 @@ What is quantized and what stays: `quantize_model` replaces the experts of every
 and codec heads, norms, routers, the Talker's attention and shared expert, the code predictor, the audio and vision
 encoders and Code2Wav stay in the model dtype: together about 2.2 B parameters; the heads and routers decide tokens
 directly (their errors are not averaged out), and the Talker's small dense parts run in every 80 ms frame, where
-int4 kernels measured slower than the library's bf16 ones for 0.14 GB saved (docs/PERFORMANCE.md).
+int4 kernels measured slower than the library's bf16 ones for 0.14 GB saved (docs/performance.md).
 
 Kernels (Triton): grouped.py's matmul over rows grouped by expert (`tl.dot` on tiles dequantized in registers)
 for the experts in prefill and in decode steps of 16 rows or more; `rows_kernel`, dot products of a few rows (a
@@ -22,7 +22,8 @@ over the whole GPU; moe.py's single-token MoE kernels read the same packed forma
 (`rows_dot`). Linear layers over more rows (prefill) unpack
 their weight into a scratch copy in the model dtype (`unpacked`) for the library's GEMM: a product on tiles
 dequantized in registers dequantizes the weight again for every tile of rows, and took twice as long (the
-Thinker's q projection at 768 rows 44 against 26 µs on the H200; docs/PERFORMANCE.md, thirty-fifth session).
+Thinker's q projection at 768 rows 44 against 26 µs on the H200; `python -m rtc_agent.engine.checks.grouped
+--int4 --tokens 768`, `projections_us`).
 Without CUDA and Triton (the CPU), the math is done by dequantizing first, which is also the reference the tests
 hold the kernels to under Triton's interpreter.
 """

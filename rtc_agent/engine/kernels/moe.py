@@ -4,7 +4,7 @@ Why: for one token the library's default experts path (`grouped_mm`) spends a do
 bookkeeping (sort, histc, cumsum, gathers, an inverse permutation) around two grouped GEMMs built for many tokens
 per expert. A decode step is a few hundred such kernels; even captured in a CUDA graph each costs microseconds,
 and the Thinker's 48 layers and the Talker's 20 run 10-50x their memory floor. Measured on the H200 in one CUDA
-graph: 111 -> 36 us per Thinker block, 112 -> 21 us per Talker block (docs/PERFORMANCE.md).
+graph: 111 -> 36 us per Thinker block, 112 -> 21 us per Talker block (docs/performance.md).
 
 What: three kernels per block, no gather copy, no host synchronisation (so it is captured in CUDA graphs):
 
@@ -43,7 +43,7 @@ from . import fast_path, grouped
 from .int4 import Int4Experts, rows_dot
 from .triton_support import rounded, silu_times, tl, triton
 
-# Tile sizes per (hidden, intermediate, top_k, int4): from a sweep on the H200 (docs/PERFORMANCE.md); others use
+# Tile sizes per (hidden, intermediate, top_k, int4): from a sweep on the H200 (docs/performance.md); others use
 # DEFAULT. Values: (gate_up BLOCK_N, BLOCK_K, num_warps), (down BLOCK_N, BLOCK_K, num_warps); for int4 weights
 # BLOCK_K counts bytes of packed weights (two weights each).
 DEFAULT_TILES = ((8, 256, 4), (4, 256, 4))
@@ -97,7 +97,7 @@ def _supported(block: nn.Module) -> bool:
 # GROUPED_DECODE_ROWS_SHARED. A block in a CUDA graph on the H200, µs, fused / grouped, every row taking part (every
 # other one): Thinker 8 rows 149 / 159 (97 / 118), 16 rows 254 / 226 (172 / 165), 24 rows 357 / 267 (245 / 206);
 # INT4 16 rows 324 / 208, 24 rows 474 / 245; Talker 16 rows 117 / 115 (86 / 109), 24 rows 166 / 128 (121 / 121)
-# (`python -m rtc_agent.engine.checks.grouped --int4 --decode 8 16 24`; docs/PERFORMANCE.md, thirty-sixth session).
+# (`python -m rtc_agent.engine.checks.grouped --int4 --decode 8 16 24`; docs/performance.md, "Kernels").
 GROUPED_DECODE_ROWS = 16
 GROUPED_DECODE_ROWS_SHARED = 24
 

@@ -3,7 +3,7 @@
 Why: the library's `Qwen3OmniMoe*RMSNorm.forward` is seven elementwise kernels (to fp32, pow, mean, add eps,
 rsqrt, mul, to dtype, and the weight multiply). A decode layer has four norms (input, post-attention, q_norm,
 k_norm), so on the Thinker they are ~1350 of the ~2730 kernels of one token, and a graphed step is bound by kernel
-count rather than by bytes (docs/PERFORMANCE.md). The same norms sit in the Talker (20 layers), the code predictor
+count rather than by bytes (docs/performance.md). The same norms sit in the Talker (20 layers), the code predictor
 (5 layers x 15 steps per frame) and Code2Wav's transformer.
 
 What: one Triton kernel per norm, any leading shape (q_norm and k_norm act on [B, T, heads, head_dim]), with the
@@ -17,7 +17,7 @@ Where: `install(model)` patches the RMSNorm modules' `forward`; the kernel runs 
 contiguous input; the CPU and anything else call the library's forward unchanged. `rms_norm_torch` is the same
 math in plain PyTorch (the reference for the CPU test); the kernel itself is tested on the CPU under Triton's
 interpreter (tests/test_norm.py). `torch.nn.functional.rms_norm` is not used: with a weight it rounds once
-(x * rstd * weight in fp32), not twice as the library does (measured in docs/PERFORMANCE.md).
+(x * rstd * weight in fp32), not twice as the library does (measured in docs/performance.md).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ write of the new keys and values into the static KV cache.
 Why: between its projections and the attention itself, the library's attention `forward` spends about fourteen
 kernels on one layer of a decode step: q_norm and k_norm, then `apply_rotary_pos_emb` (multiply, `rotate_half`'s
 negation and concatenation, multiply, add, for q and for k, each on a transposed, non-contiguous tensor), then the
-cache's two `index_copy_`. A graphed step is bound by its kernel count (docs/PERFORMANCE.md), and these run in
+cache's two `index_copy_`. A graphed step is bound by its kernel count (docs/performance.md), and these run in
 every layer of the Thinker (48), the Talker (20), the code predictor (5 layers, 15 times a frame) and Code2Wav's
 transformer (8, no q/k norm): about 3000 of a frame's 6400 kernels.
 
