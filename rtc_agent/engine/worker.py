@@ -377,7 +377,7 @@ class Worker:
         for n, (entry, result) in enumerate(zip(entries, results)):
             self._resume(entry.job, entry.work, result, waiting)
             # Between one session's rest of the round (host work up to its next request) and the next, answer
-            # starts that came meanwhile join (a prepared answer starts at once), this session's own too once its
+            # starts that came meanwhile join (a prepared answer starts at once), the session's own too once its
             # job is done (an answer asked for while it was being prepared starts as soon as it is ready). A due
             # step waits for the round's end: stepping here held every session after this one back by a whole
             # step (at 24 callers, 50-90 ms once per session resumed), for work the GPU had already done.
