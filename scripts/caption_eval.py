@@ -67,10 +67,10 @@ class Timed:
         self.name, self.languages = self.recognizer.name, self.recognizer.languages
         self.cpu_s = 0.0
 
-    def words(self, audio: np.ndarray, start: Any = ()) -> list[str]:
+    def words(self, audio: np.ndarray, start: Any = (), stop: Any = None) -> list[str]:
         began = time.thread_time()
         try:
-            return self.recognizer.words(audio, start)
+            return self.recognizer.words(audio, start, stop)
         finally:
             self.cpu_s += time.thread_time() - began
 

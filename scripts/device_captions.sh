@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Captions on a GPU machine (docs/captions.md): `rtc-agent serve` with its defaults (full-size synthetic model,
 # media processes, captions on), then A/B in one run on that server: one caller, then 24 callers at once (LOADS),
-# each with and without captions, twice (on, off, on, off). Each load test's JSON is kept;
+# each with and without captions, RUNS times (on, off, then off, on, ...). Each load test's JSON is kept;
 # one summary line per run gives heard latency, the captions and each server process's CPU.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says, the Moonshine model files importable as the
 # moonshine_cpp package: PYTHONPATH): OUT=dir bash scripts/device_captions.sh [WAV]
@@ -32,9 +32,10 @@ until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1]
     sleep 2
 done
 grep -m1 "ready:" "$out/serve.log" | cut -c1-200
-for n in 1 2; do  # (the random-weight model speaks each answer to the --max-answer-s default: 30 s)
+for n in $(seq "${RUNS:-2}"); do  # (the random-weight model speaks each answer to the --max-answer-s default: 30 s)
+    order="on off"; [ $((n % 2)) = 0 ] && order="off on"  # (which goes first alternates)
     for load in ${LOADS:-1 $callers}; do
-        for captions in on off; do
+        for captions in $order; do
             flag=(); [ "$captions" = off ] && flag=(--no-captions)
             name="$out/callers$load-$captions-$n"
             timeout 200 python3 -m rtc_agent.cli loadtest "$url" --callers "$load" --turns "${TURNS:-2}" --wav "$wav" \

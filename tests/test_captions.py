@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -173,7 +174,7 @@ def test_a_recogniser_that_fails_says_so_for_that_part_and_the_next_turn_is_capt
         name, languages = "failing", ("en",)
         calls = 0
 
-        def words(self, audio: np.ndarray, start: Any = ()) -> list[str]:
+        def words(self, audio: np.ndarray, start: Any = (), stop: Any = None) -> list[str]:
             Failing.calls += 1
             if Failing.calls == 1:
                 raise RuntimeError("out of memory")
@@ -219,7 +220,7 @@ def test_the_pool_runs_finals_before_provisionals() -> None:
 
         name, languages = "blocking", ("en",)
 
-        def words(self, audio: np.ndarray, start: Any = ()) -> list[str]:
+        def words(self, audio: np.ndarray, start: Any = (), stop: Any = None) -> list[str]:
             if audio[0] == 0:
                 busy.wait(10)
             order.append(int(audio[0]))
@@ -264,3 +265,51 @@ def test_a_part_of_a_turn_not_yet_speech_is_said_only_once_the_turn_counts(pool:
     run(main())
     assert {e["item_id"] for e in said.events} == {"item_confirmed"}, said.events
     assert "morning" in words(said.text("item_confirmed")), said.events
+
+
+def test_a_final_gives_up_the_provisional_being_made_and_runs_at_once() -> None:
+    """The caller pauses while a provisional transcript of their words is being made: it is stopped (the
+    recogniser sees `stop()` true), nothing it would have said goes out, and the final transcript comes."""
+    provisional_running, stopped = threading.Event(), threading.Event()
+
+    class Slow:
+        name, languages = "slow", ("en",)
+
+        def words(self, audio: np.ndarray, start: Any = (), stop: Any = None) -> list[str]:
+            if len(audio) < int(0.9 * RATE):  # the provisional (0.64 s of audio): until it is told to stop
+                provisional_running.set()
+                for _ in range(1000):
+                    if stop():
+                        stopped.set()
+                        break
+                    time.sleep(0.01)
+                return ["Wrong", "words", "here"]
+            return ["Hello", "there."]
+
+    said = Recorder()
+
+    async def main() -> None:
+        slow = CaptionPool(Slow(), threads=1)
+        try:
+            captions = Captions(slow, said)
+            tone = (np.sin(np.arange(RATE) / 5) * 0.1).astype(np.float32)
+            chunks = chunks_of(tone)
+            captions.begin("item_1", chunks[:1])
+            captions.confirm()
+            for chunk in chunks[1:]:
+                captions.add(chunk, True)
+            for _ in range(200):  # until the provisional is being made
+                if provisional_running.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            for chunk in chunks_of(np.zeros(RATE // 2, np.float32)):
+                captions.add(chunk, False)
+            captions.end()
+            await settle(slow)
+        finally:
+            slow.close()
+
+    run(main())
+    assert provisional_running.is_set() and stopped.is_set()
+    assert not said.of(DELTA) and said.of(COMPLETED) == [{"type": COMPLETED, "item_id": "item_1",
+                                                          "content_index": 0, "transcript": "Hello there."}]

@@ -50,12 +50,14 @@ CAPTION_NICE = 10  # above the end-of-turn model's threads (end_of_turn.SCORING_
 
 class Recognizer(Protocol):
     """Speech (16 kHz mono float32) -> its words, each with its punctuation. `start`: words the transcript must
-    begin with (from an earlier transcript of the same speech by this recogniser). Thread-safe."""
+    begin with (from an earlier transcript of the same speech by this recogniser); `stop()` true: the transcript
+    is no longer wanted, and may end at once with whatever it has. Thread-safe."""
 
     name: str
     languages: tuple[str, ...]
 
-    def words(self, audio: np.ndarray, start: Sequence[str] = ()) -> list[str]: ...
+    def words(self, audio: np.ndarray, start: Sequence[str] = (),
+              stop: Callable[[], bool] | None = None) -> list[str]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +139,11 @@ class CaptionPool:
         words: list[str] | None = None
         error: Exception | None = None
         try:
-            words = self.recognizer.words(job.audio, job.start)
+            words = self.recognizer.words(job.audio, job.start, stop=lambda: job.cancelled)
         except Exception as exc:  # said to the caller as a failed transcript; the call goes on
             error = exc
+        if job.cancelled:
+            return
         try:
             job.loop.call_soon_threadsafe(job.done, words, error)
         except RuntimeError:  # (the event loop is closed: nobody is waiting)
@@ -293,6 +297,10 @@ class Captions:
         self._pool.submit(part.provisional)
 
     def _ask_final(self, part: _Part) -> None:
+        """The part's final transcript, on all its audio so far. A provisional still being made is given up: the
+        final hears more, and the recogniser's thread is free for it a decoder step later."""
+        if part.provisional is not None:
+            part.provisional.cancelled, part.provisional = True, None
         if part.final is not None:
             if part.final_for >= part.speech_end:
                 return  # the one on its way already has all the speech
