@@ -5,6 +5,7 @@
 # one summary line per run gives heard latency, the captions and each server process's CPU.
 # Usage (repo root, wheels installed as .whl/INSTALL.txt says, the Moonshine model files importable as the
 # moonshine_cpp package: PYTHONPATH): OUT=dir bash scripts/device_captions.sh [WAV]
+# (LOADS, RUNS, TURNS, CALLERS as below; SERVE_ARGS="--max-answer-s 8": more serve flags)
 set -u
 out=${OUT:-artifacts/captions}; mkdir -p "$out"
 model=${MODEL:-synthetic:30b-a3b}
@@ -24,7 +25,7 @@ print(sys.argv[1], {k: o.get(k) for k in ("connected", "answered", "turns", "cap
       {"cpu_pct": cpu, "media_cpu_pct_per_caller": round(media / max(1, o["callers"]), 1)})
 PY
 }
-python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 \
+python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 ${SERVE_ARGS:-} \
     > "$out/serve.log" 2>&1 &
 server=$!
 until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1])" "$url/readyz" 2> /dev/null; do

@@ -30,7 +30,7 @@ pins=(
     transformers==5.23.0 huggingface-hub==1.33.0  # transformers 5.23 needs huggingface-hub >= 1.31; 2.x needs httpx2
     aiortc==1.16.0 aioice==0.13.0 av==18.1.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 google-crc32c==1.9.0
     pyee==13.0.1 pylibsrtp==1.0.0 pyopenssl==26.4.0 dnspython==2.9.2 ifaddr==0.2.0
-    silero-vad==6.2.3 pipecat-ai==1.14.0 llguidance==1.9.1
+    silero-vad==6.2.3 pipecat-ai==1.14.0 llguidance==1.9.1 onnx-ir==1.1.0  # onnx-ir: the captions' 8-bit decoder
     jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1  # device_tools.sh
 )
 platforms=()  # llguidance needs glibc 2.31; offering higher ones would raise what the device must have
@@ -62,12 +62,13 @@ KEEP_MODELS = {"auto", "qwen3_omni_moe", "qwen2", "qwen2_5_omni", "whisper", "qw
                "qwen3_moe", "llama"}
 SILERO_UNUSED = {f"silero_vad/data/silero_vad_{v}.onnx" for v in ("half", "op18_ifless", "openvino_16k")}
 SMART_TURN = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
-# already on the device, or not needed there: typer is the transformers CLI's, hf-xet the Hub's downloads (no network)
+# already on the device, or not needed there: typer is the transformers CLI's, hf-xet the Hub's downloads (no network);
+# ml-dtypes comes with onnx, sympy and mpmath with torch
 DEVICE_HAS = set(map(canonicalize_name, """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal anyio attrs
     certifi charset-normalizer click cloudpickle filelock frozenlist fsspec h11 httpcore httpx huggingface-hub idna
     jinja2 markupsafe msgpack multidict numpy onnx onnxruntime packaging pillow prometheus-client propcache protobuf
     psutil pyyaml regex requests rich safetensors scipy sentencepiece six tokenizers torch torchaudio tqdm triton
-    typing-extensions urllib3 uvloop yarl zipp typer hf-xet""".split()))
+    typing-extensions urllib3 uvloop yarl zipp typer hf-xet ml-dtypes sympy mpmath""".split()))
 NO_DEPS = {"pipecat-ai"}  # its dependencies are not carried (it is only a data file here)
 # the tags pip on the device accepts, best first (glibc up to 2.31, as downloaded)
 platforms = [f"manylinux_2_{n}_x86_64" for n in range(31, 4, -1)] + \
