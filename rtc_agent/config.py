@@ -5,12 +5,11 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from . import language as languages
+from .package_data import WEB_DIR
 
-WEB_DIR = Path(__file__).resolve().parent / "web"
 VOICES = ("chelsie", "ethan", "aiden")
 VISION_BLOCK = 32  # the vision encoder's patch (16 px) times its spatial merge (2): one Thinker token per block
 MAX_VIDEO_SIDE = 1280
@@ -351,7 +350,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="live captions of the caller's words on the page's calls (input_audio_transcription events; "
                         "default: on where the speech recogniser is installed; /v1 calls follow their session's "
                         "audio.input.transcription)")
-    p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
+    p.add_argument("--web-dir", help="folder served at / (default: the page that ships with the package, web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 
 

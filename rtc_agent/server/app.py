@@ -254,7 +254,7 @@ async def index(request: web.Request) -> web.StreamResponse:
     page = Path(request.app[STATE].settings.web_dir) / "index.html"
     if page.is_file():
         return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
-    return web.Response(text="rtc-agent is running, but its call page (rtc_agent/web/index.html) is missing.\n",
+    return web.Response(text="rtc-agent is running, but its call page (web/index.html) is missing.\n",
                         status=404)
 
 
