@@ -97,7 +97,7 @@ def _supported(block: nn.Module) -> bool:
 # GROUPED_DECODE_ROWS_SHARED. A block in a CUDA graph on the H200, µs, fused / grouped, every row taking part (every
 # other one): Thinker 8 rows 149 / 159 (97 / 118), 16 rows 254 / 226 (172 / 165), 24 rows 357 / 267 (245 / 206);
 # INT4 16 rows 324 / 208, 24 rows 474 / 245; Talker 16 rows 117 / 115 (86 / 109), 24 rows 166 / 128 (121 / 121)
-# (`python -m rtc_agent.engine.checks.grouped --int4 --decode 8 16 24`; docs/PERFORMANCE.md, thirty-sixth session).
+# (`python -m studies.checks.grouped --int4 --decode 8 16 24`; docs/PERFORMANCE.md).
 GROUPED_DECODE_ROWS = 16
 GROUPED_DECODE_ROWS_SHARED = 24
 
