@@ -95,7 +95,8 @@ class Settings:
 
 
 _TURN_FIELDS = {f.name: f for f in dataclasses.fields(TurnSettings)}
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("turn", "turn_detection_note", "transcription_note")}
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)
+           if f.name not in ("turn", "turn_detection_note", "transcription_note")}
 
 
 def _convert(value: Any, default: Any, name: str) -> Any:
@@ -315,7 +316,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-padding-ms", type=int, help=f"audio kept before speech start ({t.prefix_padding_ms})")
     p.add_argument("--min-speech-ms", type=int, help=f"shorter speech is ignored (default {t.min_speech_ms})")
     p.add_argument("--barge-in-ms", type=int, help=f"caller speech that interrupts an answer ({t.barge_in_ms})")
-    p.add_argument("--peer-timeout-s", type=float, help=f"end a call after this long without audio ({d.peer_timeout_s})")
+    p.add_argument("--peer-timeout-s", type=float,
+                   help=f"end a call after this long without audio ({d.peer_timeout_s})")
     p.add_argument("--video-fps", type=float,
                    help=f"caller video frames per second given to the model (default {d.video_fps:g})")
     p.add_argument("--video-max-side", type=int,

@@ -192,7 +192,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("wer")
     w.add_argument("--voices", nargs="+", default=list(VOICES))
-    w.add_argument("--real", action="store_true", help="also the real recordings (python3 -m studies.real_speech --fetch)")
+    w.add_argument("--real", action="store_true",
+                   help="also the real recordings (python3 -m studies.real_speech --fetch)")
     w.add_argument("--table", action="store_true", help="a markdown row per utterance")
     lv = sub.add_parser("live")
     lv.add_argument("url")

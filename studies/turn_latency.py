@@ -170,7 +170,8 @@ def breakdown(rows: list[dict[str, Any]]) -> dict[str, float | None]:
         return pct(values, 50)
     rest = [r["heard_ms"] - r["wait_ms"] - r["server_ttfp_ms"] for r in rows
             if r["wait_ms"] is not None and r["server_ttfp_ms"] is not None]
-    return {"checked_at": p50([r.get("checked_at_ms") for r in rows]), "verdict": p50([r.get("verdict_ms") for r in rows]),
+    return {"checked_at": p50([r.get("checked_at_ms") for r in rows]),
+            "verdict": p50([r.get("verdict_ms") for r in rows]),
             "wait": p50([r["wait_ms"] for r in rows]), "server_first_packet": p50([r["server_ttfp_ms"] for r in rows]),
             "vad_tail_and_transport": p50(rest), "heard": p50([r["heard_ms"] for r in rows])}
 
@@ -197,8 +198,9 @@ def markdown(results: dict[str, Any]) -> str:
                          f"| {cut if r['kind'] != 'question' else fmt(r['cut_in'])} |")
         lines.append("")
         for kind, s in summary(rows).items():
-            lines.append(f"- {kind}s ({s['n']}): heard P50 {fmt(s['heard_p50_ms'])} ms, P90 {fmt(s['heard_p90_ms'])} ms "
-                         f"(not cut in); wait P50 {fmt(s['wait_p50_ms'])} ms; not cut in: {s['n'] - s['cut_in']}/{s['n']}"
+            lines.append(f"- {kind}s ({s['n']}): heard P50 {fmt(s['heard_p50_ms'])} ms, "
+                         f"P90 {fmt(s['heard_p90_ms'])} ms (not cut in); wait P50 {fmt(s['wait_p50_ms'])} ms; "
+                         f"not cut in: {s['n'] - s['cut_in']}/{s['n']}"
                          f"; answered after the real end: {s['answered_after_end']}/{s['n']}; end-of-turn model "
                          f"{fmt(s['decision_cpu_ms_p50'])} ms CPU a decision on its scoring thread (P90 "
                          f"{fmt(s['decision_cpu_ms_p90'])}; {s['decisions_wide']} of them on two threads, the "

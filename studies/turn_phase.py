@@ -54,7 +54,8 @@ def main() -> None:
     for lead in range(0, CHUNK_SAMPLES, 64):
         verdicts = final_verdicts(speech, lead, model, vad)
         print(f"{lead:>4}  " + "  ".join(
-            f"{verdicts[ms]:.3f}{'*' if auto.ends_turn([verdicts[ms]], ms) else ' '}  " if ms in verdicts else "    –    "
+            (f"{verdicts[ms]:.3f}{'*' if auto.ends_turn([verdicts[ms]], ms) else ' '}  " if ms in verdicts
+             else "    –    ")
             for ms in CHECKS_MS))
 
 

@@ -225,9 +225,9 @@ def _flite(voice: str, text: str, rate: int) -> np.ndarray:
 
 def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = False, voice: str = "espeak-ng"
                ) -> list[Sentence]:
-    """The sentences of set `name` ("tuning", "heldout" or "fresh"), of the kinds asked for ("questions", "statements": the
-    paused sentences said without their pause, "paused"), said by `voice` (one of VOICES); `continuation`: the
-    paused ones with a comma before their break (see `espeak`)."""
+    """The sentences of set `name` ("tuning", "heldout" or "fresh"), of the kinds asked for ("questions",
+    "statements": the paused sentences said without their pause, "paused"), said by `voice` (one of VOICES);
+    `continuation`: the paused ones with a comma before their break (see `espeak`)."""
     if name not in QUESTIONS:
         raise ValueError(f"unknown speech set {name!r} (one of {', '.join(SETS)})")
     if voice not in VOICES:

@@ -154,7 +154,9 @@ def end_of_turn_scorer(s: Settings, engine: Any) -> EndOfTurnScorer | None:
     if where == "engine":
         return EndOfTurnScorer(None, last_words.shared_last_words() if s.last_words else None, engine.score_turn, 0)
     scorer = (shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)(s.last_words)
-    return scorer.with_engine(engine.score_turn, LOCAL_AT_ONCE) if scorer is not None and where == "overflow" else scorer
+    if scorer is not None and where == "overflow":
+        return scorer.with_engine(engine.score_turn, LOCAL_AT_ONCE)
+    return scorer
 
 
 def load_engine(s: Settings) -> Any:

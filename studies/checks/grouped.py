@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
                 variants = {"bf16": made, **({"int4": quantized} if quantized else {})}
                 result["decode_us"][f"{stack}/{rows}"] = decode_times(variants, rows)
                 print(json.dumps({f"{stack}/{rows}": result["decode_us"][f"{stack}/{rows}"]}), flush=True)
-            del made, quantized
+            # this stack's blocks go before the next stack's are made (`variants` still holds the two lists)
+            made.clear()
+            quantized.clear()
             torch.cuda.empty_cache()
     print(json.dumps(result))
 

@@ -214,7 +214,8 @@ def talker_forced_check(model, steps: int = 32, prefix: int = 8) -> dict:
     differ = (lib.argmax(-1) != fast.argmax(-1)).nonzero().flatten().tolist()
     top2 = lib.topk(2, dim=-1).values
     gaps = (top2[:, 0] - top2[:, 1]).tolist()
-    report = {"steps": steps, "max_logit_diff": (lib - fast).abs().max().item(), "max_abs_logit": lib.abs().max().item(),
+    report = {"steps": steps, "max_logit_diff": (lib - fast).abs().max().item(),
+              "max_abs_logit": lib.abs().max().item(),
               "argmax_differs_at": differ, "library_top2_gap_there": [gaps[i] for i in differ],
               "steps_with_exact_top2_tie": sum(g == 0 for g in gaps), "median_top2_gap": sorted(gaps)[len(gaps) // 2]}
     # The (dense) code predictor, greedy, from each path's Talker hidden state and the same code 0: its 15 codes

@@ -151,7 +151,8 @@ def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel
     and its sigmoid gate)."""
     batch, length, hidden = hidden_states.shape
     x = hidden_states.reshape(-1, hidden)
-    shared = {"shared": getattr(block, "shared_expert", None), "shared_gate": getattr(block, "shared_expert_gate", None)}
+    shared = {"shared": getattr(block, "shared_expert", None),
+              "shared_gate": getattr(block, "shared_expert_gate", None)}
     active = _active_rows(hidden_states)
     if ROUTE_IN_KERNEL if route_in_kernel is None else route_in_kernel:
         logits = F.linear(x, block.gate.weight)
