@@ -35,7 +35,8 @@ def parser(with_bench: bool = False) -> argparse.ArgumentParser:
     call = sub.add_parser("call", help="call a server with a WAV as the microphone; print latencies")
     _client_arguments(call)
     call.add_argument("--wav", required=True, help="what the caller says: utterances separated by >= 1 s pauses")
-    call.add_argument("--video", action="store_true", help="send a camera track too (a moving test pattern, 640x480 at 15 fps)")
+    call.add_argument("--video", action="store_true",
+                      help="send a camera track too (a moving test pattern, 640x480 at 15 fps)")
     call.add_argument("--json", action="store_true", help="print the report as JSON")
     call.add_argument("--record", metavar="WAV", help="write the answer audio here (24 kHz mono)")
     call.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the answers after the WAV")

@@ -5,12 +5,11 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from . import language as languages
+from .package_data import WEB_DIR
 
-WEB_DIR = Path(__file__).resolve().parent / "web"
 VOICES = ("chelsie", "ethan", "aiden")
 VISION_BLOCK = 32  # the vision encoder's patch (16 px) times its spatial merge (2): one Thinker token per block
 MAX_VIDEO_SIDE = 1280
@@ -96,7 +95,8 @@ class Settings:
 
 
 _TURN_FIELDS = {f.name: f for f in dataclasses.fields(TurnSettings)}
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("turn", "turn_detection_note", "transcription_note")}
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)
+           if f.name not in ("turn", "turn_detection_note", "transcription_note")}
 
 
 def _convert(value: Any, default: Any, name: str) -> Any:
@@ -316,7 +316,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-padding-ms", type=int, help=f"audio kept before speech start ({t.prefix_padding_ms})")
     p.add_argument("--min-speech-ms", type=int, help=f"shorter speech is ignored (default {t.min_speech_ms})")
     p.add_argument("--barge-in-ms", type=int, help=f"caller speech that interrupts an answer ({t.barge_in_ms})")
-    p.add_argument("--peer-timeout-s", type=float, help=f"end a call after this long without audio ({d.peer_timeout_s})")
+    p.add_argument("--peer-timeout-s", type=float,
+                   help=f"end a call after this long without audio ({d.peer_timeout_s})")
     p.add_argument("--video-fps", type=float,
                    help=f"caller video frames per second given to the model (default {d.video_fps:g})")
     p.add_argument("--video-max-side", type=int,
@@ -351,7 +352,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="live captions of the caller's words on the page's calls (input_audio_transcription events; "
                         "default: on where the speech recogniser is installed; /v1 calls follow their session's "
                         "audio.input.transcription)")
-    p.add_argument("--web-dir", help="folder served at / (default: the page inside the package, rtc_agent/web/)")
+    p.add_argument("--web-dir", help="folder served at / (default: the page that ships with the package, web/)")
     p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING (default {d.log_level})")
 
 

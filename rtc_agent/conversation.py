@@ -26,14 +26,15 @@ import logging
 import math
 import secrets
 import time
-from typing import Any, AsyncIterator, Callable, Coroutine, Literal, Protocol
+from typing import Any, Callable, Coroutine, Literal
 
 import numpy as np
 
 from .config import TurnSettings
 from .engine.memory import EngineOutOfMemory
 from .engine.options import PREPARE_AFTER_SILENCE_MS
-from .engine.events import (LIMITS, Event, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
+from .engine.session_protocol import EngineSession
+from .engine.events import (LIMITS, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
                             ToolCallStarted)
 from .engine.tools import ToolSet
 from .media.captions import CaptionPool, Captions, Transcription
@@ -46,26 +47,6 @@ NO_SEMANTIC_VAD = "semantic_vad is not available on this server (the end-of-turn
 NO_SPEECH = "this server answers in text only (it runs without the Talker: --no-talker)"
 NO_TRANSCRIPTION = "transcription is not available on this server (the speech recogniser is not installed)"
 MAX_PUSHES_IN_FLIGHT = 4  # audio pushes sent to the engine and not yet taken in (32 ms of audio each, as it comes)
-
-
-class EngineSession(Protocol):
-    """What a conversation needs from rtc_agent.engine's session. Each call's work is queued (or its request sent)
-    before the coroutine first waits, so that calls started one after another run in that order in the engine:
-    `prepare_answer` is not awaited before the calls after it."""
-
-    async def push_audio(self, samples: np.ndarray, sample_rate: int = ..., at: float | None = None,
-                         urgent: bool = ...) -> None: ...
-    async def push_image(self, image: np.ndarray, at: float) -> None: ...
-    async def push_text(self, text: str) -> None: ...
-    async def push_tool_output(self, output: str) -> None: ...
-    async def abort_turn(self) -> None: ...
-    async def flush(self) -> None: ...
-    async def prepare_answer(self) -> None: ...
-    def respond(self) -> AsyncIterator[Event]: ...
-    async def cancel(self, frames_played: int) -> None: ...
-    async def limit_video(self, window_s: int) -> int | None: ...
-    def update(self, **changes: Any) -> None: ...
-    async def close(self) -> None: ...
 
 
 class State(str, enum.Enum):

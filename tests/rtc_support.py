@@ -166,7 +166,8 @@ class SeededEngine:
 def settings(**overrides: Any) -> Settings:
     """Test server settings; turns are server_vad's fixed silence unless a test asks for semantic_vad."""
     turn = {"turn_detection": "server_vad"}
-    turn.update({k: overrides.pop(k) for k in list(overrides) if k in {f.name for f in dataclasses.fields(TurnSettings)}})
+    turn_fields = {f.name for f in dataclasses.fields(TurnSettings)}
+    turn.update({k: overrides.pop(k) for k in list(overrides) if k in turn_fields})
     base = build_settings({"ice_host_addresses": LOOPBACK, "max_answer_s": 1.0, "port": 0}, env={})
     return dataclasses.replace(base, turn=dataclasses.replace(base.turn, **turn), **overrides)
 

@@ -7,7 +7,7 @@ import torch
 
 from engine_helpers import caller_audio, engine_for
 from rtc_agent.engine import audio_input
-from rtc_agent.engine.checks import audio_encoder as check_audio_encoder
+from studies.checks import audio_encoder as check_audio_encoder
 
 # Mel frames per stretch (100 a second): a pause's short piece, whole and partial chunks, several callers' audio in
 # one pass, 10 s (two of the model's 8 s attention windows), more chunks than the largest bucket in all (two

@@ -245,7 +245,8 @@ def test_a_part_of_a_turn_not_yet_speech_is_said_only_once_the_turn_counts(pool:
     """A part that ends (a pause) before the turn is confirmed waits: a false start drops it unsaid, a
     confirmation (or a push-to-talk commit) lets it out."""
     said = Recorder()
-    hello = chunks_of(np.concatenate([np.zeros(RATE // 10, np.float32), speech("Good morning, how are you today?", RATE),
+    hello = chunks_of(np.concatenate([np.zeros(RATE // 10, np.float32),
+                                      speech("Good morning, how are you today?", RATE),
                                       np.zeros(RATE // 2, np.float32)]))
 
     async def main() -> None:

@@ -1,4 +1,4 @@
-"""check_fast_path's replay (rtc_agent/engine/checks/fast_path.py): an eager answer made to take another answer's
+"""check_fast_path's replay (studies/checks/fast_path.py): an eager answer made to take another answer's
 choices reports a gap of 0 at every choice where that answer is its own, and a gap at the choice where it is not."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from rtc_agent.engine.checks import fast_path as check_fast_path
+from studies.checks import fast_path as check_fast_path
 from rtc_agent.engine.engine import Engine
 from rtc_agent.engine.loader import load
 from rtc_agent.engine.options import EngineOptions

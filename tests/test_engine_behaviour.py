@@ -96,7 +96,8 @@ def test_barge_in_after_the_answer_was_made_trims_the_history():
 
 def test_speech_cut_by_its_length_limit_ends_the_text_too():
     engine = engine_for(prefill_chunk_s=0)
-    texts, frames, done = run(one_turn(engine.new_session(greedy(max_answer_tokens=20, max_frames=5)), caller_audio(1.0)))
+    session = engine.new_session(greedy(max_answer_tokens=20, max_frames=5))
+    texts, frames, done = run(one_turn(session, caller_audio(1.0)))
     assert len(frames) == 5 and len(texts) == 5 and not done.interrupted
 
 

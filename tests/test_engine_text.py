@@ -31,9 +31,10 @@ def test_typed_turn_equals_stock_generate_on_the_same_text():
     texts, frames, done = run(typed_turn(session, QUESTION))
 
     ids, tok = engine.ids, engine.tokenizer
-    prompt = [ids.im_start, ids.system, ids.newline, *tok.encode(session.options.instructions, add_special_tokens=False),
-              ids.im_end, ids.newline, ids.im_start, ids.user, ids.newline, *tok.encode(QUESTION, add_special_tokens=False),
-              ids.im_end, ids.newline, ids.im_start, ids.assistant, ids.newline]
+    prompt = [ids.im_start, ids.system, ids.newline,
+              *tok.encode(session.options.instructions, add_special_tokens=False), ids.im_end, ids.newline,
+              ids.im_start, ids.user, ids.newline, *tok.encode(QUESTION, add_special_tokens=False), ids.im_end,
+              ids.newline, ids.im_start, ids.assistant, ids.newline]
     input_ids = torch.tensor([prompt])
     with recording_stock_codes(engine.model) as recorded:
         sequences, _ = engine.model.generate(input_ids=input_ids, speaker="ethan", return_audio=True,

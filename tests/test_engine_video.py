@@ -83,7 +83,8 @@ def stock_video_generate(engine, audio: np.ndarray, video: list[np.ndarray], aud
     try:
         input_ids = torch.tensor([prompt])
         sequences, _ = model.generate(
-            input_ids=input_ids, input_features=mel[None], feature_attention_mask=torch.ones(1, mel.shape[1], dtype=torch.long),
+            input_ids=input_ids, input_features=mel[None],
+            feature_attention_mask=torch.ones(1, mel.shape[1], dtype=torch.long),
             pixel_values_videos=pixels, video_grid_thw=torch.tensor([[seconds, HEIGHT // 16, WIDTH // 16]]),
             video_second_per_grid=torch.tensor([1.0]), use_audio_in_video=audio_in_video,
             talker_use_audio_in_video=audio_in_video, speaker="ethan",

@@ -14,7 +14,7 @@ import torch
 
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from rtc_agent.engine import loader, tiny
-from rtc_agent.engine.checks import int4 as check_int4
+from studies.checks import int4 as check_int4
 from rtc_agent.engine.kernels import int4
 
 

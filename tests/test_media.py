@@ -16,8 +16,8 @@ from rtc_agent.client.camera import SyntheticCamera
 from rtc_agent.config import TurnSettings, build_settings, settings_from_args
 from rtc_agent.media.ice import parse_ice_server
 from rtc_agent.media.inbound import Chunker, Downmixer, InOrderAudioBuffer
-from rtc_agent.media.outbound import (AWAIT_STEP, FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder, OutboundAudioTrack,
-                                      Playout)
+from rtc_agent.media.outbound import (AWAIT_STEP, FRAME_SAMPLES, IDLE_STEP, PACKET_STEP, OpusEncoder,
+                                      OutboundAudioTrack, Playout)
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, SpeechProbability, TurnDetector
 from rtc_agent.media.video import FrameGrid, model_size, sample_video
 from rtc_agent.server.protocol import (CancelResponse, Commit, ProtocolError, SessionUpdate, parse_client_message,

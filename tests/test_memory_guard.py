@@ -1,7 +1,7 @@
 """The memory guard and out-of-memory errors, on the CPU, through the real server, tiny model and aiortc callers.
 
 The GPU's memory counter is the one thing stood in for: the server is given a reader that reports a chosen fill
-level (on a GPU, `Engine.memory()` reads torch.cuda; `scripts/device_memory_guard.sh` runs the real thing). An
+level (on a GPU, `Engine.memory()` reads torch.cuda; `studies/device_memory_guard.sh` runs the real thing). An
 out-of-memory error is injected by making one real engine function raise torch's `OutOfMemoryError` once, the
 exception CUDA raises; everything around it runs as in a call."""
 from __future__ import annotations

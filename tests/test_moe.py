@@ -102,7 +102,8 @@ print(*skipped_rows_differences(moe.fused_forward), *skipped_rows_differences(mo
 def test_triton_kernels_equal_library_block_and_skip_rows_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     code = _INTERPRETER_CHECK.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     kept, left_out, grouped_kept, grouped_left_out, fp32, bf16, fused_fp32, fused_bf16 = \
         map(float, out.stdout.split()[-8:])

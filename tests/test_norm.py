@@ -100,7 +100,8 @@ print(mixed.dtype == torch.float32, (mixed - norm.rms_norm_torch(x, weight, 1e-6
 def test_triton_kernel_equals_library_norm_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     code = _INTERPRETER_CHECK.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     fp32, bf16, mixed_dtype, mixed = out.stdout.split()[-4:]
     fp32, bf16, mixed = float(fp32), float(bf16), float(mixed)

@@ -33,6 +33,7 @@ from rtc_agent.media.end_of_turn import INSTALL_HINT
 from rtc_agent.media.moonshine import INSTALL_HINT as RECOGNISER_HINT
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ("rtc_agent", "web", "models")  # the folders the wheel is built from (web/ and models/ go inside rtc_agent/)
 PORT = 8080
 URL = f"http://127.0.0.1:{PORT}"
 CLEAN = {"PYTHONPATH": ""}  # the server must import rtc_agent from the venv only (Python ignores an empty one)
@@ -45,7 +46,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "rtc_agent", src / "rtc_agent", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in SHIPPED:
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(src)], check=True, capture_output=True, timeout=240)
     (built,) = out.glob("rtc_agent-*.whl")
@@ -84,11 +86,14 @@ async def until_up(http: aiohttp.ClientSession, proc: subprocess.Popen[bytes], p
         await asyncio.sleep(0.2)
 
 
-def test_the_wheel_carries_the_page_and_the_model_configs(wheel: Path) -> None:
-    names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("rtc_agent/web/index.html", "rtc_agent/web/app.js", "rtc_agent/models/tiny.json",
-                   "rtc_agent/models/qwen3-omni-30b-a3b-instruct.json"):
-        assert needed in names
+def test_the_wheel_carries_every_module_the_page_and_the_model_configs(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "rtc_agent").rglob("*.py")}
+    page = {f"rtc_agent/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "web").iterdir()}
+    configs = {f"rtc_agent/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "models").glob("*.json")}
+    assert "rtc_agent/web/index.html" in page and "rtc_agent/models/tiny.json" in configs
+    assert modules | page | configs <= names, sorted((modules | page | configs) - names)
+    assert not [n for n in names if n.startswith(("studies/", "scripts/", "tests/"))]
 
 
 @needs_espeak

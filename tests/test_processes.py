@@ -100,7 +100,7 @@ def test_a_killed_media_process_ends_only_its_calls_and_is_replaced(tmp_path: Pa
                 # timings stay out of these tests: on CI's slower 2-core machines the tiny model makes a frame in
                 # 65-77 ms P50 next to the other processes, and 0-11 of this answer's 50 were late (25-45 before
                 # Code2Wav's decoder worked only on the samples a frame depends on). 0 late frames with 8 callers and a
-                # kill is measured on a GPU (scripts/device_processes.sh).
+                # kill is measured on a GPU (studies/device_processes.sh).
                 metrics = done["metrics"]
                 print(f"\nthe kept call's answer: {metrics['frames_late']} of {metrics['frames_sent']} frames late")
                 assert metrics["frames_sent"] == metrics["frames"] > 10 and metrics["frames_dropped"] == 0

@@ -1,16 +1,14 @@
-"""scripts/real_speech.py without the network: how clips are cut and that the manifest matches the clip list."""
+"""studies/real_speech.py without the network: how clips are cut and that the manifest matches the clip list."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import soundfile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import real_speech  # noqa: E402
-from real_speech import Clip, Part, cut  # noqa: E402
+from studies import real_speech
+from studies.real_speech import Clip, Part, cut
 
 RATE = 8000
 

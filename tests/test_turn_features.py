@@ -1,15 +1,11 @@
-"""scripts/turn_features.py (the offline turn-taking study's prosodic evidence) on signals whose pitch and level
+"""studies/turn_features.py (the offline turn-taking study's prosodic evidence) on signals whose pitch and level
 are known: a voice-like pulse train gliding in pitch, fading or not, then silence."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from turn_features import RATE, evidence  # noqa: E402
+from studies.turn_features import RATE, evidence
 
 
 def voice(f0_start: float, f0_end: float, seconds: float, fade_s: float = 0.0, silence_ms: int = 200) -> np.ndarray:

@@ -189,7 +189,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     instructions = _system_prompt(engine.tokenizer, args.system_tokens)
     tools = ToolSet(BENCH_TOOLS, args.tools if args.tools != "named" else "required") if args.tools != "none" \
         else ToolSet()
-    sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n, max_answer_tokens=args.answer_tokens,
+    sessions = [engine.new_session(SessionOptions(instructions=instructions, seed=n,
+                                                  max_answer_tokens=args.answer_tokens,
                                                   max_frames=args.answer_frames, tools=tools,
                                                   language=args.language))
                 for n in range(args.sessions)]

@@ -91,7 +91,8 @@ class StreamingCode2Wav:
         self.context = context
         param = next(code2wav.parameters())
         if cache is None:
-            cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device, window=config.sliding_window)
+            cache = StaticKVCache.for_config(config, max_frames, param.dtype, param.device,
+                                             window=config.sliding_window)
         self.cache = cache
         # The last `context` frames of transformer output, the upsampler's left context.
         self.history = history if history is not None else param.new_zeros(1, config.hidden_size, context)

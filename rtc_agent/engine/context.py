@@ -158,8 +158,8 @@ class CallContext:
                                  core.options.video_still_threshold)
 
     def apply(self, options: SessionOptions) -> None:
-        """New session options; a new system prompt (instructions, tools, language) replaces the old one in the cache from
-        the next turn on."""
+        """New session options; a new system prompt (instructions, tools, language) replaces the old one in the
+        cache from the next turn on."""
         self.undo_prepared()
         changed = (options.instructions, options.tools.tools, options.language) != \
             (self.options.instructions, self.options.tools.tools, self.options.language)

@@ -16,20 +16,21 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ..loop_lag import watched_process
 from . import wire
 from .engine import Engine, Session
+from .options import SessionOptions
+from .session_protocol import ENGINE_CALLS, NOTICES, SESSION_CALLS, Crossing
 
 log = logging.getLogger(__name__)
-SESSION_METHODS = frozenset({"push_audio", "push_image", "push_text", "push_tool_output", "abort_turn", "flush",
-                             "prepare_answer", "cancel", "limit_video", "close"})
-NOTICES = frozenset({"update", "close", "resumable"})
 
 
 @dataclass
@@ -130,18 +131,8 @@ class _Connection:
             task.add_done_callback(lambda _: self.tasks.pop(record.id, None))
         elif isinstance(record, wire.Notice) and record.method in NOTICES:
             session = self.sessions.get(record.session)
-            if session is None:
-                return
-            if record.method == "update":
-                try:
-                    session.update(**record.kwargs)  # checked by the media process already
-                except ValueError:
-                    log.exception("a session update the media process let through was refused")
-            elif record.method == "resumable":
-                self.resumable[record.session] = record.kwargs
-            else:  # a session its media process dropped without closing it
-                self._forget(record.session)
-                asyncio.ensure_future(session.close())
+            if session is not None:
+                NOTICE_HANDLERS[record.method](self, record.session, session, record.kwargs)
         elif isinstance(record, wire.Stop):
             task = self.tasks.get(record.id)
             if task is not None:
@@ -162,42 +153,66 @@ class _Connection:
 
     async def _call(self, request: wire.Request) -> Any:
         method = request.method
-        if method == "status":
-            return self.host.status()
-        if method == "metrics":
-            return generate_latest(self.host.registry).decode()
-        if method == "score_turn":
-            return await self.host.engine.score_turn(*request.args)
-        if method == "new_session":
-            return self._add(self.host.engine.new_session(*request.args))
-        if method == "adopt":
-            orphan = self.host.adopt(*request.args)
-            if orphan is None:
-                return None
-            try:
-                await orphan.session.abort_turn()  # the new process starts listening afresh
-            except Exception:
-                await _close_quietly(orphan.session)
-                raise
-            number = self._add(orphan.session)
-            self.resumable[number] = orphan.registered
-            return {"number": number, "options": orphan.session.options, "call": orphan.registered["call"]}
+        if method in ENGINE_CALLS:
+            return await ENGINE_HANDLERS[method](self, *request.args)
         session = self.sessions.get(request.session)  # type: ignore[arg-type]
         if session is None:
             raise RuntimeError("this session is closed")
-        if method == "respond":
-            events = session.respond()
+        crossing = SESSION_CALLS.get(method)
+        if crossing is Crossing.STREAM:
+            events = getattr(session, method)()
             try:
                 async for event in events:
                     self.send(wire.Streamed(request.id, event))
             finally:
                 await events.aclose()
             return None
-        if method not in SESSION_METHODS:
+        if crossing is not Crossing.REQUEST:
             raise ValueError(f"no engine method {method!r}")
         if method == "close":
             self._forget(request.session)  # type: ignore[arg-type]
         return await getattr(session, method)(*request.args, **request.kwargs)
+
+    # ---- the engine's own requests (session_protocol.ENGINE_CALLS) ----------------------------------------
+    async def _status(self) -> dict[str, Any]:
+        return self.host.status()
+
+    async def _metrics(self) -> str:
+        return generate_latest(self.host.registry).decode()
+
+    async def _score_turn(self, audio: np.ndarray) -> tuple[float, float]:
+        return await self.host.engine.score_turn(audio)
+
+    async def _new_session(self, options: SessionOptions) -> int:
+        return self._add(self.host.engine.new_session(options))
+
+    async def _adopt(self, token: str) -> dict[str, Any] | None:
+        orphan = self.host.adopt(token)
+        if orphan is None:
+            return None
+        try:
+            await orphan.session.abort_turn()  # the new process starts listening afresh
+        except Exception:
+            await _close_quietly(orphan.session)
+            raise
+        number = self._add(orphan.session)
+        self.resumable[number] = orphan.registered
+        return {"number": number, "options": orphan.session.options, "call": orphan.registered["call"]}
+
+    # ---- notices (session_protocol.NOTICES) ---------------------------------------------------------------
+    def _update(self, number: int, session: Session, changes: dict[str, Any]) -> None:
+        try:
+            session.update(**changes)  # checked by the media process already
+        except ValueError:
+            log.exception("a session update the media process let through was refused")
+
+    def _resumable(self, number: int, session: Session, registered: dict[str, Any]) -> None:
+        self.resumable[number] = registered
+
+    def _dropped(self, number: int, session: Session, _: dict[str, Any]) -> None:
+        """A session its media process dropped without closing it."""
+        self._forget(number)
+        asyncio.ensure_future(session.close())
 
     def _add(self, session: Session) -> int:
         number = next(self._numbers)
@@ -221,6 +236,15 @@ class _Connection:
             else:
                 await _close_quietly(session)
         self.resumable = {}
+
+
+# The dispatch tables: one entry per name of session_protocol.ENGINE_CALLS and of session_protocol.NOTICES (a
+# session's requests go to its method of that name, as session_protocol.SESSION_CALLS says they cross).
+ENGINE_HANDLERS: dict[str, Callable[..., Awaitable[Any]]] = {
+    "status": _Connection._status, "metrics": _Connection._metrics, "score_turn": _Connection._score_turn,
+    "new_session": _Connection._new_session, "adopt": _Connection._adopt}
+NOTICE_HANDLERS: dict[str, Callable[[_Connection, int, Session, dict[str, Any]], None]] = {
+    "update": _Connection._update, "resumable": _Connection._resumable, "close": _Connection._dropped}
 
 
 async def _close_quietly(session: Session) -> None:

@@ -39,7 +39,8 @@ class EngineOptions:
     # caller talks through throws that frame away; on a GPU it is one batched step of the round's preparations.
     first_frame_in_preparation: bool | None = None
     video_window_s: int = 30  # seconds of caller video kept in the context (one grid of tokens each); 0: no video
-    video_still_threshold: float = 2.0  # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
+    # a second of video this close to the last one kept (mean |diff|, 0-255) is left out
+    video_still_threshold: float = 2.0
     fast_moe: bool = True  # MoE kernels, single-token in decode and grouped in prefill (CUDA with Triton only)
     fast_attention: bool = True  # one-position attention as matmuls for decode (attention.py; CUDA only)
     fast_norm: bool = True  # every RMSNorm as one fused kernel (norm.py; CUDA with Triton only)
@@ -61,7 +62,8 @@ class EngineOptions:
         if self.prefill_chunk_s < 0 or (0 < self.prefill_chunk_s < 0.5):
             raise ValueError("prefill_chunk_s must be 0 (whole turn at its end) or at least 0.5 s")
         if self.context_tokens < 256 + self.max_answer_tokens:
-            raise ValueError(f"context_tokens must be at least max_answer_tokens + 256 = {256 + self.max_answer_tokens}")
+            raise ValueError("context_tokens must be at least max_answer_tokens + 256 = "
+                             f"{256 + self.max_answer_tokens}")
         if not 0 <= self.video_window_s <= 600:
             raise ValueError("video_window_s must be 0 (no video) to 600 seconds")
         if self.video_still_threshold < 0:

@@ -1,8 +1,9 @@
 """The media side of the process split: an engine in another process (engine/host.py), used as the server uses an
 `Engine` in its own process. `RemoteEngine` is one connection per media process; `RemoteSession` one call on it,
-with the methods a conversation needs (conversation.EngineSession), each a request that the engine runs as the
-in-process session would. If the engine process dies, every request fails with `EngineUnavailable` and `ready`
-turns False: the server refuses new calls with a 503 and /readyz says why.
+with the methods a conversation needs (session_protocol.EngineSession), each crossing as
+session_protocol.SESSION_CALLS says and run by the engine as the in-process session would. If the engine process
+dies, every request fails with `EngineUnavailable` and `ready` turns False: the server refuses new calls with a
+503 and /readyz says why.
 """
 from __future__ import annotations
 
@@ -190,7 +191,7 @@ class RemoteEngine:
 
 
 class RemoteSession:
-    """One call's engine session in the engine process (engine.Session's methods, as requests)."""
+    """One call's engine session in the engine process: session_protocol.EngineSession, as requests and notices."""
 
     def __init__(self, engine: RemoteEngine, number: int, options: SessionOptions) -> None:
         self.engine = engine

@@ -149,8 +149,9 @@ class Talker:
             saved = (self.seen.clone(), self.last_hidden.clone(), self.code0.clone())
             self._steps[key] = CapturedStep(
                 lambda c, t, n, a: self._frame_step(cache, c, t, n, a, sampling),
-                torch.zeros(rows, groups, dtype=torch.long, device=self.device), self.last_hidden.new_zeros(rows, 1, hidden),
-                torch.zeros(rows, self.vocab, device=self.device), torch.zeros(rows, dtype=torch.bool, device=self.device),
+                torch.zeros(rows, groups, dtype=torch.long, device=self.device),
+                self.last_hidden.new_zeros(rows, 1, hidden), torch.zeros(rows, self.vocab, device=self.device),
+                torch.zeros(rows, dtype=torch.bool, device=self.device),
                 graph=self.graphs)
             for buffer, value in zip((self.seen, self.last_hidden, self.code0), saved):
                 buffer.copy_(value)

@@ -1,12 +1,11 @@
 """The built-in tiny model: the released Qwen3-Omni architecture and token ids at tiny widths.
 
-Its config is `rtc_agent/models/tiny.json` laid over the released config
-(`rtc_agent/models/qwen3-omni-30b-a3b-instruct.json`).
+Its config is `models/tiny.json` laid over the released config (`models/qwen3-omni-30b-a3b-instruct.json`).
 Weights are random with a fixed seed, so it babbles: it is a stand-in for trying the system without the 70 GB
 checkpoint, not a model that understands anything. Its last Code2Wav convolution is scaled up so that the babble
-is audible (about -25 dBFS RMS instead of -53). The tokenizer is byte-level and built offline, with the special tokens at
-their real ids. It is saved once to a cache directory and then loaded through the same `from_pretrained` path as a
-real checkpoint.
+is audible (about -25 dBFS RMS instead of -53). The tokenizer is byte-level and built offline, with the special
+tokens at their real ids. It is saved once to a cache directory and then loaded through the same `from_pretrained`
+path as a real checkpoint.
 """
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ from typing import Any
 
 import torch
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+from ..package_data import MODELS_DIR
+
 RELEASED_CONFIG = MODELS_DIR / "qwen3-omni-30b-a3b-instruct.json"
 TINY_OVERRIDES = MODELS_DIR / "tiny.json"
 TINY_WEIGHT_SCALE = 0.1
@@ -66,7 +66,7 @@ def tiny_config_dict() -> dict[str, Any]:
 
 def _bytes_to_unicode() -> list[tuple[int, str]]:
     """GPT-2's byte-level alphabet, in its vocabulary order (so that "\\n" lands on id 198 as in Qwen)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = list(printable)
     extra = 0
     for b in range(256):

@@ -39,7 +39,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ import torch
 from .. import language as languages
 from .events import ToolCallArguments, ToolCallDone, ToolCallStarted
 from .graphs import DeviceCopy, to_device
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher  # imported where it is used: only a call with tools needs it
 
 CHOICES = ("auto", "none", "required")  # or the name of one tool
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

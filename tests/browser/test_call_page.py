@@ -117,7 +117,8 @@ def test_video_reaches_the_server_at_2_fps(new_page: Callable[..., Any], server:
     assert server.metric(name) - m2 <= 1 and server.metric(received) - r2 <= 1
 
     page.get_by_role("button", name="Share screen").click()  # screen share: frames again, same limits
-    wait(page, "rtcAgent.screenTrack && document.querySelector('#screen-btn').getAttribute('aria-pressed') === 'true'", 10)
+    wait(page, "rtcAgent.screenTrack"
+               " && document.querySelector('#screen-btn').getAttribute('aria-pressed') === 'true'", 10)
     time.sleep(1)
     m3, v3, t3 = server.metric(name), video_out(page), time.monotonic()
     time.sleep(3)
@@ -623,7 +624,8 @@ def test_screenshots(new_page: Callable[..., Any], server: Server, artifacts: Pa
         shot(page, artifacts, f"{mode}-{size}-idle")
         page.get_by_role("button", name="Start call").click()
     wait(page, CONNECTED, 20)
-    wait(page, "rtcAgent.turns.length >= 1 || rtcAgent.events.filter(e => e.endsWith('transcript.delta')).length > 12", 30)
+    wait(page, "rtcAgent.turns.length >= 1"
+               " || rtcAgent.events.filter(e => e.endsWith('transcript.delta')).length > 12", 30)
     time.sleep(0.5)
     shot(page, artifacts, f"{mode}-{size}-in-call")
     if mode == "call":

@@ -37,7 +37,8 @@ RELAY_CALL = """async () => {
                                        body: JSON.stringify({sdp: pc.localDescription.sdp, type: 'offer'})});
   const answer = await r.json();
   await pc.setRemoteDescription({type: 'answer', sdp: answer.sdp});
-  const response = await Promise.race([done, new Promise((_, no) => setTimeout(() => no(new Error('no answer')), 40000))]);
+  const response = await Promise.race(
+      [done, new Promise((_, no) => setTimeout(() => no(new Error('no answer')), 40000))]);
   const stats = await pc.getStats();
   let pair = null, local = null, packets = 0;
   stats.forEach((s) => { if (s.type === 'transport') pair = stats.get(s.selectedCandidatePairId); });

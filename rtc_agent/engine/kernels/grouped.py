@@ -5,7 +5,7 @@ library's `grouped_mm` experts path spends, around its two grouped GEMMs, a radi
 every pair's input row, the gate/up split, SiLU and product as three passes, the routing weights' product and an
 inverse permutation with its gather: a dozen kernels and about 200 MB of memory traffic a layer beside the
 weights. These kernels: a Thinker MoE layer at 768 positions 628 -> 396 us on the H200
-(`python -m rtc_agent.engine.checks.grouped --tokens 768`; docs/performance.md, "Kernels").
+(`python -m studies.checks.grouped --tokens 768`; docs/performance.md, "Kernels").
 
 What:
 - `route` groups the pairs by expert (a counting sort in two kernels) and counts each expert's pairs and tiles of

@@ -22,7 +22,7 @@ over the whole GPU; moe.py's single-token MoE kernels read the same packed forma
 (`rows_dot`). Linear layers over more rows (prefill) unpack
 their weight into a scratch copy in the model dtype (`unpacked`) for the library's GEMM: a product on tiles
 dequantized in registers dequantizes the weight again for every tile of rows, and took twice as long (the
-Thinker's q projection at 768 rows 44 against 26 µs on the H200; `python -m rtc_agent.engine.checks.grouped
+Thinker's q projection at 768 rows 44 against 26 µs on the H200; `python -m studies.checks.grouped
 --int4 --tokens 768`, `projections_us`).
 Without CUDA and Triton (the CPU), the math is done by dequantizing first, which is also the reference the tests
 hold the kernels to under Triton's interpreter.

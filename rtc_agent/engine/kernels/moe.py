@@ -97,7 +97,7 @@ def _supported(block: nn.Module) -> bool:
 # GROUPED_DECODE_ROWS_SHARED. A block in a CUDA graph on the H200, µs, fused / grouped, every row taking part (every
 # other one): Thinker 8 rows 149 / 159 (97 / 118), 16 rows 254 / 226 (172 / 165), 24 rows 357 / 267 (245 / 206);
 # INT4 16 rows 324 / 208, 24 rows 474 / 245; Talker 16 rows 117 / 115 (86 / 109), 24 rows 166 / 128 (121 / 121)
-# (`python -m rtc_agent.engine.checks.grouped --int4 --decode 8 16 24`; docs/performance.md, "Kernels").
+# (`python -m studies.checks.grouped --int4 --decode 8 16 24`; docs/performance.md, "Kernels").
 GROUPED_DECODE_ROWS = 16
 GROUPED_DECODE_ROWS_SHARED = 24
 
@@ -151,7 +151,8 @@ def fused_forward(block: nn.Module, hidden_states: torch.Tensor, route_in_kernel
     and its sigmoid gate)."""
     batch, length, hidden = hidden_states.shape
     x = hidden_states.reshape(-1, hidden)
-    shared = {"shared": getattr(block, "shared_expert", None), "shared_gate": getattr(block, "shared_expert_gate", None)}
+    shared = {"shared": getattr(block, "shared_expert", None),
+              "shared_gate": getattr(block, "shared_expert_gate", None)}
     active = _active_rows(hidden_states)
     if ROUTE_IN_KERNEL if route_in_kernel is None else route_in_kernel:
         logits = F.linear(x, block.gate.weight)

@@ -31,7 +31,7 @@ if triton is not None:
         once. The code's float is the code put in the mantissa of 2^23, minus 2^23: an OR and an add, where a
         conversion instruction runs at a fraction of the multiply-adds' rate (the dequantization bounds grouped.py's
         INT4 products: a Thinker MoE layer at 768 positions 562 -> 439 us with this and the tiles swept,
-        `python -m rtc_agent.engine.checks.grouped --int4 --tokens 768`). BITWISE: rounded by bit arithmetic (Triton's
+        `python -m studies.checks.grouped --int4 --tokens 768`). BITWISE: rounded by bit arithmetic (Triton's
         interpreter, whose bf16 cast truncates) instead of the hardware's cast; both round to nearest even."""
         w = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * scale + offset
         if BITWISE:
