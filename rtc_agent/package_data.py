@@ -11,11 +11,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 
 
-def shipped(name: str) -> Path:
-    """The folder `name` that ships with the package: `rtc_agent/<name>` installed, `<name>` in a checkout."""
+def shipped(name: str, holds: str) -> Path:
+    """The folder `name` that ships with the package: `rtc_agent/<name>` installed, `<name>` in a checkout. The
+    folder is known by a file it `holds` (a checkout may keep a stale `rtc_agent/<name>/` of ignored files)."""
     inside = PACKAGE / name
-    return inside if inside.is_dir() else PACKAGE.parent / name
+    return inside if (inside / holds).is_file() else PACKAGE.parent / name
 
 
-WEB_DIR = shipped("web")
-MODELS_DIR = shipped("models")
+WEB_DIR = shipped("web", "index.html")
+MODELS_DIR = shipped("models", "tiny.json")
