@@ -130,9 +130,9 @@ def test_a_monologue_is_captioned_in_parts_of_bounded_length(pool: CaptionPool, 
     lengths: list[int] = []
     recognise = pool.recognizer.words
 
-    def measured(audio: np.ndarray, start: Any = ()) -> list[str]:
+    def measured(audio: np.ndarray, start: Any = (), stop: Any = None) -> list[str]:
         lengths.append(len(audio))
-        return recognise(audio, start)
+        return recognise(audio, start, stop)
 
     monkeypatch.setattr(pool, "recognizer", type("Measured", (), {"words": staticmethod(measured)})())
     said = Recorder()
