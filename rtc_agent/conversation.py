@@ -278,7 +278,8 @@ class Conversation:
         if self._semantic is not None:
             self._semantic.start([])
         if self._captions is not None:
-            self._captions.begin(self._item_id, [c.samples for c in chunks])
+            self._captions.begin(self._item_id, [c.samples for c in chunks],
+                                 lead_ms=self._speech_start_ms - chunks[0].at_ms if chunks else 0)
         self._push(chunks)
 
     def _confirm_turn(self) -> None:

@@ -89,7 +89,8 @@ async def caption(sentence: Sentence, pool: CaptionPool) -> str:
             captions.add(chunk, detector.active and not detector.silence_run_ms)
         elif signal in (Signal.ONSET, Signal.CONFIRMED):
             in_turn = True
-            captions.begin("item", [*preroll[-turn.prefix_padding_ms // 32:], chunk])
+            lead = preroll[-turn.prefix_padding_ms // 32:]
+            captions.begin("item", [*lead, chunk], lead_ms=len(lead) * 32)
         else:
             preroll.append(chunk)
         if signal is Signal.CONFIRMED:

@@ -64,7 +64,7 @@ async def speak(captions: Captions, pool: CaptionPool, audio: np.ndarray, item_i
     """A turn of `audio`: begun, confirmed after 4 chunks, fed chunk by chunk (the threads waited for every
     `wait_every` chunks, as a machine with time to spare would have them), and ended."""
     chunks = chunks_of(audio)
-    captions.begin(item_id, chunks[:1])
+    captions.begin(item_id, chunks[:1], lead_ms=0)
     for n, chunk in enumerate(chunks[1:], 1):
         if n == 4:
             captions.confirm()
@@ -158,7 +158,7 @@ def test_silence_and_noise_get_no_caption_and_a_dropped_turn_says_nothing_more(p
         await speak(captions, pool, np.zeros(3 * RATE, np.float32), speaking=lambda chunk: True)
         await speak(captions, pool, (rng.standard_normal(3 * RATE) * 0.05).astype(np.float32), item_id="item_2",
                     speaking=lambda chunk: True)
-        captions.begin("item_3", chunks_of(np.zeros(RATE, np.float32)))
+        captions.begin("item_3", chunks_of(np.zeros(RATE, np.float32)), lead_ms=0)
         captions.confirm()
         captions.drop()  # a false start, or input_audio_buffer.clear
         captions.add(np.zeros(CHUNK_SAMPLES, np.float32), True)
@@ -187,7 +187,7 @@ def test_a_recogniser_that_fails_says_so_for_that_part_and_the_next_turn_is_capt
         try:
             captions = Captions(failing, said)
             tone = (np.sin(np.arange(RATE) / 5) * 0.1).astype(np.float32)
-            captions.begin("item_1", chunks_of(tone))
+            captions.begin("item_1", chunks_of(tone), lead_ms=0)
             captions.end()
             await settle(failing)
             await speak(captions, failing, tone, item_id="item_2", speaking=lambda chunk: True)
@@ -252,7 +252,7 @@ def test_a_part_of_a_turn_not_yet_speech_is_said_only_once_the_turn_counts(pool:
     async def main() -> None:
         captions = Captions(pool, said)
         for item, confirm in (("item_dropped", False), ("item_confirmed", True)):
-            captions.begin(item, hello[:1])
+            captions.begin(item, hello[:1], lead_ms=0)
             for chunk in hello[1:]:
                 captions.add(chunk, loud(chunk))
             await settle(pool)
@@ -295,7 +295,7 @@ def test_a_final_gives_up_the_provisional_being_made_and_runs_at_once() -> None:
             captions = Captions(slow, said)
             tone = (np.sin(np.arange(RATE) / 5) * 0.1).astype(np.float32)
             chunks = chunks_of(tone)
-            captions.begin("item_1", chunks[:1])
+            captions.begin("item_1", chunks[:1], lead_ms=0)
             captions.confirm()
             for chunk in chunks[1:]:
                 captions.add(chunk, True)
