@@ -4,6 +4,7 @@ its slots back, and a process of another protocol version is refused."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import numpy as np
 import pytest
@@ -124,3 +125,19 @@ print(sorted(m for m in ("transformers", "rtc_agent.engine.engine", "rtc_agent.e
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_connection_whose_writes_broke_reads_as_closed() -> None:
+    """A media process that exits while the engine writes to it (as at a shutdown): the engine's next read sees
+    the connection closed (the host logs a disconnect), not a BrokenPipeError."""
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        theirs.close()
+        while not writer.is_closing():
+            writer.write(b"\0" * 65536)
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(wire.read(reader), 10) is None
+        writer.close()
+
+    asyncio.run(main())

@@ -38,6 +38,7 @@ from .worker import NORMAL, URGENT, Worker
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # a round's stages, in order
+WARM_CAMERA = (288, 384)  # height, width: 640x480 scaled to fit the server's default video_max_side (384)
 REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest, FrameRequest)
 
 
@@ -214,6 +215,8 @@ class Engine:
         started = time.perf_counter()
         for rows in batch_sizes(len(self.pool)):
             await self._warm_turns(rows)
+        if self.options.video_window_s:
+            await self._warm_camera()
         if self.end_of_turn != "media":  # (after the graphs' captures: its thread runs beside the worker's)
             self.turn_scoring = await asyncio.to_thread(TurnScoring.load, self.device)
         self.ready = True
@@ -231,9 +234,6 @@ class Engine:
             await asyncio.gather(*tasks)
 
         try:
-            if rows == 1 and self.options.video_window_s:  # a second of camera: the vision encoder's first use
-                for at in (0.0, 0.5):
-                    await sessions[0].push_image(np.zeros((64, 64, 3), dtype=np.uint8), at)
             await together(Session._ready_context)
             await together(lambda s: s.push_audio(np.zeros(int(INPUT_SAMPLE_RATE * 1.37), dtype=np.float32), at=0.0))
             await together(Session.flush)  # a pause: the audio encoder on a piece shorter than a chunk, as calls have
@@ -243,6 +243,26 @@ class Engine:
         finally:
             for session in sessions:
                 await session.close()
+
+    async def _warm_camera(self) -> None:
+        """A camera call's first two turns, its frames at a 4:3 camera's size at the server's default
+        (WARM_CAMERA): the vision encoder at that size, a turn's prefill with video, and the second turn's opening
+        with the seconds that came during the first answer, longer than a graphed prefill (so eager). Without them
+        the first camera call after a start waited 645-1150 ms (server first packet) for its second answer on the
+        H200, later camera calls 27-48 ms. The frames differ from each other: a still second is left out."""
+        session = self.new_session(SessionOptions(seed=0, max_answer_tokens=4, max_frames=4))
+        frames = np.random.default_rng(0).integers(0, 256, (12, *WARM_CAMERA, 3), dtype=np.uint8)
+        try:
+            for n in range(4):
+                await session.push_image(frames[n], 0.5 * n)
+            await session.push_audio(np.zeros(INPUT_SAMPLE_RATE * 2, dtype=np.float32), at=0.0)
+            await _drain(session.respond())
+            for n in range(4, len(frames)):
+                await session.push_image(frames[n], 0.5 * n)
+            await session.push_audio(np.zeros(INPUT_SAMPLE_RATE, dtype=np.float32), at=0.5 * len(frames))
+            await _drain(session.respond())
+        finally:
+            await session.close()
 
     async def score_turn(self, audio: np.ndarray) -> tuple[float, float]:
         """Smart Turn's P(turn complete) for a turn's audio (16 kHz), and the milliseconds its batch took; only

@@ -97,7 +97,7 @@ async def read(reader: asyncio.StreamReader) -> Any | None:
         if length > MAX_RECORD_BYTES:
             raise WireError(f"a record of {length} bytes (at most {MAX_RECORD_BYTES})")
         return pickle.loads(await reader.readexactly(length))
-    except (asyncio.IncompleteReadError, ConnectionResetError):
+    except (asyncio.IncompleteReadError, ConnectionError):  # (BrokenPipeError: a write to it failed as it went)
         return None
 
 
