@@ -240,6 +240,8 @@ speech() {
 }
 speech question.wav "What is the weather like in Paris today?"
 speech thanks.wav "Thank you very much."
+# two turns for a camera call (studies/device_camera.sh): the question, 3 s of silence, the thanks
+[ -s "$out/two_turn.wav" ] || sox "$out/question.wav" -p pad 0 3 | sox - "$out/thanks.wav" "$out/two_turn.wav"
 
 cat > "$out/INSTALL.txt" <<'EOF'
 Wheels for the GPU machine (Python 3.12, no network), made by scripts/device_wheels.sh. From the repo root:
@@ -249,7 +251,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 
 Then run the server from the repo root: python3 -m rtc_agent.cli ...
 --no-deps is needed: pipecat-ai is slimmed to its Smart Turn model file, and everything else it would pull in is
-either here or already on the machine. .whl/question.wav is a spoken question (24 kHz) for the device scripts.
+either here or already on the machine. .whl/question.wav, thanks.wav and two_turn.wav are speech (24 kHz) for the device scripts.
 EOF
 
 total=$(du -cb "$out"/* | tail -1 | cut -f1)
