@@ -15,7 +15,8 @@ WER: word edits / reference words, both lower-cased without punctuation, numbers
 `live`: `rtc-agent call URL --wav` of a WAV of the same espeak-ng sentences, 4 s apart, with --ab a second call
 with --no-captions after each, alternating which goes first: the caption's delay after the end of the speech
 (caption_ms: the client's clock, when the last `completed` of the turn arrived), the share of utterances over 2 s
-with a delta before their end, and heard latency either way.
+with a delta before their end, and heard latency either way with what it is made of (the turn detector's wait
+after the speech, the server's first packet).
 """
 from __future__ import annotations
 
@@ -174,6 +175,11 @@ def live(args: argparse.Namespace) -> None:
                          for k, v in runs.items() if v},
         "heard_ms_p90": {k: percentile([t["client_latency_ms"] for t in v if t["client_latency_ms"]], 90)
                          for k, v in runs.items() if v},
+        # what heard is made of: the turn detector's wait after the speech, then the server's first packet
+        "end_of_turn_wait_ms_p50": {k: percentile(server(v, lambda m: (m.get("end_of_turn") or {}).get("wait_ms")), 50)
+                                    for k, v in runs.items() if v},
+        "server_first_packet_ms_p50": {k: percentile(server(v, lambda m: m.get("ttfp_ms")), 50)
+                                       for k, v in runs.items() if v},
     }
     if args.table:
         print("| said | caption | caption ms | deltas before the end | heard ms |\n|---|---|---|---|---|")
@@ -182,6 +188,11 @@ def live(args: argparse.Namespace) -> None:
                   f"| {t['client_latency_ms']} |")
         print()
     print(json.dumps(report, indent=1))
+
+
+def server(turns: list[dict[str, Any]], field: Any) -> list[float]:
+    """`field` of each turn's server metrics (response.done's), where the turn has them."""
+    return [v for t in turns if t.get("server") and (v := field(t["server"])) is not None]
 
 
 def percentile(values: list[float], q: float) -> float | None:

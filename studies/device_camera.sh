@@ -14,13 +14,9 @@ wav=${1:-.whl/two_turn.wav}
 load_wav=${2:-.whl/thanks.wav}
 url=http://127.0.0.1:${PORT:-8080}
 export PYTHONUNBUFFERED=1
-python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 ${SERVE_ARGS:-} \
-    > "$out/serve.log" 2>&1 &
-server=$!
-until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1])" "$url/readyz" 2> /dev/null; do
-    kill -0 "$server" 2> /dev/null || { echo "serve exited:"; tail -30 "$out/serve.log"; exit 1; }
-    sleep 2
-done
+source "$(dirname "$0")/device_serve.sh"
+# shellcheck disable=SC2086  # (SERVE_ARGS: several flags)
+serve "$out/serve.log" ${SERVE_ARGS:-}
 grep -m1 "warmed up" "$out/serve.log" | cut -c1-200
 for n in $(seq "${CALLS:-2}"); do
     timeout 120 python3 -m rtc_agent.cli call "$url" --wav "$wav" --video --json --ice-host-address 127.0.0.1 \

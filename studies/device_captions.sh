@@ -25,13 +25,9 @@ print(sys.argv[1], {k: o.get(k) for k in ("connected", "answered", "turns", "cap
       {"cpu_pct": cpu, "media_cpu_pct_per_caller": round(media / max(1, o["callers"]), 1)})
 PY
 }
-python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 ${SERVE_ARGS:-} \
-    > "$out/serve.log" 2>&1 &
-server=$!
-until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1])" "$url/readyz" 2> /dev/null; do
-    kill -0 "$server" 2> /dev/null || { echo "serve exited:"; tail -30 "$out/serve.log"; exit 1; }
-    sleep 2
-done
+source "$(dirname "$0")/device_serve.sh"
+# shellcheck disable=SC2086  # (SERVE_ARGS: several flags)
+serve "$out/serve.log" ${SERVE_ARGS:-}
 grep -m1 "ready:" "$out/serve.log" | cut -c1-200
 for n in $(seq "${RUNS:-2}"); do  # (the random-weight model speaks each answer to the --max-answer-s default: 30 s)
     order="on off"; [ $((n % 2)) = 0 ] && order="off on"  # (which goes first alternates)

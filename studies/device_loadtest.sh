@@ -46,14 +46,8 @@ for sessions in ${BENCH_SESSIONS-1 8}; do
     timeout 150 python3 -m rtc_agent.engine.bench --model "$model" --sessions "$sessions" --turns 3 --json \
         > "$out/bench-$sessions.json" 2> "$out/bench-$sessions.err" && cat "$out/bench-$sessions.json"
 done
-python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 --max-sessions 16 \
-    --max-answer-s 12 --turn-detection server_vad > "$out/serve.log" 2>&1 &
-server=$!
-# a server that dies while loading ends the run here, with its log
-until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1])" "$url/readyz" 2> /dev/null; do
-    kill -0 "$server" 2> /dev/null || { echo "serve exited:"; tail -30 "$out/serve.log"; exit 1; }
-    sleep 2
-done
+source "$(dirname "$0")/device_serve.sh"
+serve "$out/serve.log" --max-sessions 16 --max-answer-s 12 --turn-detection server_vad
 for n in 1 2; do  # the server's first call, then the next one
     timeout 120 python3 -m rtc_agent.cli call "$url" --wav "$video_wav" --video --json --ice-host-address 127.0.0.1 \
         > "$out/call-video-$n.json" 2> "$out/call-video-$n.err"

@@ -15,6 +15,7 @@ out=${OUT:-artifacts/processes}; mkdir -p "$out"
 [ "${TRACE:-0}" = 1 ] && export RTC_AGENT_WORKER_TRACE=$out/trace
 model=${MODEL:-synthetic:30b-a3b}
 url=http://127.0.0.1:${PORT:-8080}
+source "$(dirname "$0")/device_serve.sh"
 answer_s=${ANSWER_S:-8}  # shorter answers than the default 30 s: the same latencies in less device time
 export PYTHONUNBUFFERED=1
 summary() {
@@ -30,14 +31,8 @@ for name, p in r.get("server_processes", {}).items():
     print("   ", name, p)
 PY
 }
-serve() {
-    python3 -m rtc_agent.cli serve --model "$model" --port "${PORT:-8080}" --ice-host-address 127.0.0.1 \
-        --max-answer-s "$answer_s" "$@" > "$out/serve-$part.log" 2>&1 &
-    server=$!
-    until python3 -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1])" "$url/readyz" 2> /dev/null; do
-        kill -0 "$server" 2> /dev/null || { echo "serve exited:"; tail -40 "$out/serve-$part.log"; exit 1; }
-        sleep 2
-    done
+start_server() {
+    serve "$out/serve-$part.log" --max-answer-s "$answer_s" "$@"
     echo "$(date +%T) ready"; grep -E "slots|media processes|serving on" "$out/serve-$part.log" | head -5
 }
 loadtest() {
@@ -49,7 +44,7 @@ loadtest() {
 }
 readyz() { python3 -c "import json, urllib.request; print(json.dumps(json.load(urllib.request.urlopen('$url/readyz'))))"; }
 if [ "$part" = 1 ]; then
-    serve ${SERVE_ARGS:-}
+    start_server ${SERVE_ARGS:-}
     i=0
     for load in ${CALLERS:-1 8 16 24}; do  # a load may repeat ("24 24 24"): each has its own file
         spec=${load%%:*}; w=$([ "$load" = "$spec" ] && echo "$wav" || echo "${load#*:}")  # N or N:other.wav
@@ -83,7 +78,7 @@ for c in json.load(open(sys.argv[1]))["callers"]:
 PY
 fi
 if [ "$part" = 2 ]; then
-    serve --turn-detection server_vad --max-sessions 32
+    start_server --turn-detection server_vad --max-sessions 32
     loadtest loadtest-8-server-vad "$wav" --callers 8
     loadtest loadtest-8-server-vad-2 "$wav" --callers 8
     loadtest loadtest-32-server-vad "$wav" --callers 32

@@ -287,48 +287,81 @@ class RealtimeEvents:
         self.emit("response.output_audio.delta", **r.where(), delta=base64.b64encode(pcm).decode())
 
     def conversation_event(self, event: dict[str, Any]) -> None:
-        """The conversation's own events, as GA events."""
+        """The conversation's own events, as GA events (`_from_conversation` says which handler takes each; the
+        caller's transcription events pass through as they are)."""
         kind = event["type"]
-        if kind == "input_audio_buffer.speech_started":
-            self.emit(kind, audio_start_ms=event["audio_start_ms"], item_id=event["item_id"])
-        elif kind == "input_audio_buffer.speech_stopped":
-            self.emit(kind, audio_end_ms=event["audio_end_ms"], item_id=event["item_id"])
-        elif kind == "input_audio_buffer.committed":
-            item_id = event["item_id"]
-            self.emit(kind, previous_item_id=self._last_item, item_id=item_id)
-            parts = event.get("transcripts") or [None]  # (one input_audio content a part of the caller's speech)
-            self._add_item({"id": item_id, "type": "message", "role": "user", "status": "completed",
-                            "content": [{"type": "input_audio", "transcript": t} for t in parts]})
+        handler = self._from_conversation.get(kind)
+        if handler is not None:
+            handler(self, event)
         elif kind.startswith("conversation.item.input_audio_transcription."):
             self.emit(kind, **{k: v for k, v in event.items() if k != "type"})
-        elif kind == "input_audio_buffer.cleared":
-            self.emit(kind)
-        elif kind == "response.created":
-            self._response_created(event["response"]["id"], event["response"]["output_modalities"] == ["text"])
-        elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
-            r = self._responses.get(event["response_id"])
-            if r is not None:
-                self._message(r)
-                r.transcript += event["delta"]
-                self.emit(kind, **r.where(), delta=event["delta"])
-        elif kind in ("response.function_call_arguments.delta", "response.function_call_arguments.done"):
-            r = self._responses.get(event["response_id"])
-            if r is not None:
-                self._call_event(r, event)
-        elif kind == "response.done":
-            self._response_done(event["response"])
-        elif kind == "response.output_text.done":
-            pass  # said by _response_done, in its place among the response's closing events
-        elif kind == "conversation.state":
-            r = self._response
-            if event["state"] == "speaking" and r is not None:
-                self._message(r)
-                if self.transport == "webrtc":
-                    r.audio_started = True
-                    self.emit("output_audio_buffer.started", response_id=r.id)
-        elif kind == "error":
-            error = event["error"]
-            self.error(error["code"], error["message"], kind=error.get("type", "server_error"))
+
+    def _speech_started(self, event: dict[str, Any]) -> None:
+        self.emit(event["type"], audio_start_ms=event["audio_start_ms"], item_id=event["item_id"])
+
+    def _speech_stopped(self, event: dict[str, Any]) -> None:
+        self.emit(event["type"], audio_end_ms=event["audio_end_ms"], item_id=event["item_id"])
+
+    def _committed(self, event: dict[str, Any]) -> None:
+        item_id = event["item_id"]
+        self.emit(event["type"], previous_item_id=self._last_item, item_id=item_id)
+        parts = event.get("transcripts") or [None]  # (one input_audio content a part of the caller's speech)
+        self._add_item({"id": item_id, "type": "message", "role": "user", "status": "completed",
+                        "content": [{"type": "input_audio", "transcript": t} for t in parts]})
+
+    def _cleared(self, event: dict[str, Any]) -> None:
+        self.emit(event["type"])
+
+    def _created(self, event: dict[str, Any]) -> None:
+        self._response_created(event["response"]["id"], event["response"]["output_modalities"] == ["text"])
+
+    def _output_delta(self, event: dict[str, Any]) -> None:
+        """response.output_audio_transcript.delta or response.output_text.delta."""
+        r = self._responses.get(event["response_id"])
+        if r is not None:
+            self._message(r)
+            r.transcript += event["delta"]
+            self.emit(event["type"], **r.where(), delta=event["delta"])
+
+    def _call_arguments(self, event: dict[str, Any]) -> None:
+        r = self._responses.get(event["response_id"])
+        if r is not None:
+            self._call_event(r, event)
+
+    def _done(self, event: dict[str, Any]) -> None:
+        self._response_done(event["response"])
+
+    def _state(self, event: dict[str, Any]) -> None:
+        r = self._response
+        if event["state"] == "speaking" and r is not None:
+            self._message(r)
+            if self.transport == "webrtc":
+                r.audio_started = True
+                self.emit("output_audio_buffer.started", response_id=r.id)
+
+    def _conversation_error(self, event: dict[str, Any]) -> None:
+        error = event["error"]
+        self.error(error["code"], error["message"], kind=error.get("type", "server_error"))
+
+    def _said_elsewhere(self, event: dict[str, Any]) -> None:
+        """response.output_text.done: said by `_response_done`, in its place among the response's closing
+        events."""
+
+    _from_conversation: dict[str, Callable[["RealtimeEvents", dict[str, Any]], None]] = {
+        "input_audio_buffer.speech_started": _speech_started,
+        "input_audio_buffer.speech_stopped": _speech_stopped,
+        "input_audio_buffer.committed": _committed,
+        "input_audio_buffer.cleared": _cleared,
+        "response.created": _created,
+        "response.output_audio_transcript.delta": _output_delta,
+        "response.output_text.delta": _output_delta,
+        "response.function_call_arguments.delta": _call_arguments,
+        "response.function_call_arguments.done": _call_arguments,
+        "response.done": _done,
+        "response.output_text.done": _said_elsewhere,
+        "conversation.state": _state,
+        "error": _conversation_error,
+    }
 
     def _new_id(self, prefix: str) -> str:
         return f"{prefix}_{self.session_id[-8:]}{next(self._ids):04d}"
@@ -549,3 +582,4 @@ class RealtimeEvents:
         "output_audio_buffer.clear": _output_clear,
         "conversation.item.truncate": _truncate,
     }
+
