@@ -43,25 +43,28 @@ class EventChannel:
         self._channel: RTCDataChannel | None = None
         self._pending: list[str] = []
 
-    def attach(self, channel: RTCDataChannel, on_message: Callable[[Any], None]) -> None:
-        """Sends on `channel` from now on (a resumed call attaches its new peer connection's channel)."""
+    def attach(self, channel: RTCDataChannel, on_message: Callable[[Any], None], first: Callable[[], None]) -> None:
+        """Sends on `channel` from now on (a resumed call attaches its new peer connection's channel). Once it is
+        open, `first()` sends what must come before the events that waited for it (session.created: the caller's
+        audio can arrive before the channel opens, and its speech_started with it)."""
         self._channel = channel
         channel.on("message", on_message)
         if channel.readyState == "open":
-            self._flush()
+            self._opened(first)
         else:
-            channel.on("open", self._flush)
+            channel.once("open", lambda: self._opened(first))
 
     def send(self, message: dict[str, Any]) -> None:
         text = json.dumps(message, separators=(",", ":"))
         channel = self._channel
         if channel is not None and channel.readyState == "open":
             channel.send(text)
-        elif channel is None and len(self._pending) < MAX_PENDING_EVENTS:
+        elif len(self._pending) < MAX_PENDING_EVENTS:
             self._pending.append(text)
 
-    def _flush(self) -> None:
+    def _opened(self, first: Callable[[], None]) -> None:
         pending, self._pending = self._pending, []
+        first()
         for text in pending:
             if self._channel is not None and self._channel.readyState == "open":
                 self._channel.send(text)
@@ -163,17 +166,19 @@ class CallSession:
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if self.realtime is not None and channel.label == "oai-events":
-            self.events.attach(channel, self._guarded(self.realtime.receive))
-            self.realtime.opened()
+            self.events.attach(channel, self._guarded(self.realtime.receive), self.realtime.opened)
         elif self.realtime is None and channel.label == "events":
-            self.events.attach(channel, self._guarded(self._on_message))
-            self.events.send({"type": "session.created", "session": self.description()})
-            self._token_sent = True
-            if self._moved:
-                self._moved = False
-                self.events.send(error_event("media_process_failed", "the server process that carried this call "
-                                             "stopped; the call goes on in another with its conversation, under "
-                                             "a new id (the answer in progress was lost)", "server_error"))
+            self.events.attach(channel, self._guarded(self._on_message), self._greet)
+
+    def _greet(self) -> None:
+        """session.created, first on the data channel (and where the call moved here, the error that says so)."""
+        self.events.send({"type": "session.created", "session": self.description()})
+        self._token_sent = True
+        if self._moved:
+            self._moved = False
+            self.events.send(error_event("media_process_failed", "the server process that carried this call "
+                                         "stopped; the call goes on in another with its conversation, under "
+                                         "a new id (the answer in progress was lost)", "server_error"))
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
