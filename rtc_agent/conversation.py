@@ -37,8 +37,9 @@ from .engine.session_protocol import EngineSession
 from .engine.events import (LIMITS, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
                             ToolCallStarted)
 from .engine.tools import ToolSet
-from .media.captions import CaptionPool, Captions, Transcription
+from .media.captions import CaptionPool, Captions, Transcription, say_nothing
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
+from .media.sentence_end import ending
 from .media.outbound import PACKET_S, AnswerOutput, Playout
 from .media.vad import CHUNK_MS, CHUNK_SAMPLES, Signal, TurnDetector
 
@@ -159,7 +160,8 @@ class Conversation:
         self._semantic: SemanticTurn | None = None  # the end-of-turn model's decisions (semantic_vad)
         self._caption_pool = captions
         self.transcription: Transcription | None = None
-        self._captions: Captions | None = None  # the caller's words (while transcription is on)
+        self._captions: Captions | None = None  # the caller's words (transcription on, or semantic_vad reads them)
+        self._captions_said = False  # they go out as conversation.item.input_audio_transcription.* events
         self._item_id: str | None = None  # the caller's turn in progress: its conversation item
         self._detector = TurnDetector(turn.vad_threshold, turn.silence_ms, turn.min_speech_ms)
         self._use_turn_settings(turn)
@@ -327,7 +329,9 @@ class Conversation:
         parts' transcripts as they stand (None: on its way; each comes in its own `completed` event)."""
         fields: dict[str, Any] = {"item_id": self._item_id}
         if self._captions is not None:
-            fields["transcripts"] = self._captions.end()
+            transcripts = self._captions.end()
+            if self.transcription is not None:
+                fields["transcripts"] = transcripts
         return fields
 
     def _start_answer(self, hangover_ms: int = 0, committed: dict[str, Any] | None = None,
@@ -419,11 +423,21 @@ class Conversation:
         if transcription is not None and self._caption_pool is None:
             raise ValueError(NO_TRANSCRIPTION)
         self.transcription = transcription
-        if transcription is None and self._captions is not None:
+        self._use_captions()
+
+    def _use_captions(self) -> None:
+        """The call's captions as its settings want them: said to the client while transcription is on, and kept
+        unsaid where only semantic_vad reads the caller's words (SemanticTurn.captions)."""
+        said = self.transcription is not None
+        wanted = self._caption_pool is not None and (said or self._semantic is not None)
+        if self._captions is not None and (not wanted or self._captions_said != said):
             self._captions.close()
             self._captions = None
-        elif transcription is not None and self._captions is None and self._caption_pool is not None:
-            self._captions = Captions(self._caption_pool, self._emit)
+        if wanted and self._captions is None:
+            self._captions = Captions(self._caption_pool, self._emit if said else say_nothing, deltas=said)
+            self._captions_said = said
+        if self._semantic is not None:
+            self._semantic.captions = self._captions
 
     def input_lost(self) -> None:
         """The caller's audio stopped coming (the connection died): the caption being spoken completes."""
@@ -503,6 +517,7 @@ class Conversation:
             # "Many callers at once"). A pause inside the speech costs one preparation more
             # (undone: the engine's work only), 0.6-0.8 per espeak-ng sentence of the turn-taking sets.
             self._prepare_after_ms = min(PREPARE_AFTER_SILENCE_MS, max(CHUNK_MS, eagerness.first_check_ms - CHUNK_MS))
+        self._use_captions()
 
     def _end_of_turn_metrics(self, wait_ms: int | None) -> dict[str, Any]:
         """How this turn's end was decided, for response.done (and the end-of-turn wait histogram)."""
@@ -515,11 +530,10 @@ class Conversation:
                        decision_cpu_ms=[d.cost_ms for d in semantic.decisions],
                        decision_threads=[d.threads for d in semantic.decisions],
                        checked_at_ms=semantic.checked_at_ms, verdict_ms=semantic.verdict_ms)
-            words = semantic.words
-            if words is not None:  # the last words, where a recogniser heard them
-                p = words.end_probability
-                out.update(words=words.text, words_end_probability=None if p is None else round(p, 4),
-                           words_unfinished=words.unfinished, words_cpu_ms=words.cost_ms)
+            heard = semantic.heard
+            if heard is not None:  # the caller's words as the latest verdict read them (the captions' recogniser)
+                out.update(words=heard.text, words_ready=heard.ready, words_ending=ending(heard.text).value,
+                           words_wait_ms=semantic.words_wait_ms)
             semantic.stop()
         return out
 

@@ -14,6 +14,9 @@ for "Please remind me"): the `completed` transcript is the part's text, and the 
 provisional. The final starts at the part's first silent chunk (so it is usually ready by the time the pause is
 long enough to end the part, or the turn ends); speech coming back makes that one provisional.
 
+The turn's words so far (`heard`) are also semantic_vad's evidence at a pause (end_of_turn.py): they cover all
+of the turn's speech once the final of its latest part is in, which the pause's first silent chunk asked for.
+
 The recogniser runs on a few threads of the process's own (`CaptionPool`), at a nice value above everything
 else's: the caller's answer never waits for a caption. Finals go before provisionals, and a part has at most one
 provisional waiting: under load the deltas thin out first. Memory is bounded by the part (MAX_PART_S of audio).
@@ -153,7 +156,7 @@ class CaptionPool:
 Emit = Callable[..., None]  # emit(event_type, **fields)
 
 
-def _say_nothing(kind: str, **fields: object) -> None:
+def say_nothing(kind: str, **fields: object) -> None:
     pass
 
 
@@ -165,6 +168,15 @@ class _Turn:
     transcripts: list[str | None] = dataclasses.field(default_factory=list)
     confirmed: bool = False  # its speech lasted min_speech_ms, or it was committed: its captions may go out
     held: list["_Part"] = dataclasses.field(default_factory=list)  # parts done before that, not yet said
+    parts: list["_Part"] = dataclasses.field(default_factory=list)  # every part of it, in order
+
+
+@dataclasses.dataclass(frozen=True)
+class Heard:
+    """A turn's words so far."""
+
+    text: str  # each part's final transcript where it is in, else its latest provisional
+    ready: bool  # the finals of all its parts are in and cover all its speech so far
 
 
 @dataclasses.dataclass
@@ -184,9 +196,20 @@ class _Part:
     over: bool = False  # no more audio: it completes once its final is in
     done: bool = False
 
+    def __post_init__(self) -> None:
+        self.turn.parts.append(self)
+
     @property
     def samples(self) -> int:
         return len(self.chunks) * CHUNK_SAMPLES
+
+    @property
+    def heard(self) -> bool:
+        """Its final is in and covers all its speech."""
+        return self.final_words is not None and self.final_for >= self.speech_end
+
+    def words(self) -> list[str]:
+        return self.final_words if self.final_words is not None else self.previous or self.committed
 
     def audio(self) -> np.ndarray:
         return np.concatenate(self.chunks)
@@ -197,14 +220,18 @@ class Captions:
     `emit` with the Realtime API's names: conversation.item.input_audio_transcription.delta / .completed /
     .failed."""
 
-    def __init__(self, pool: CaptionPool, emit: Emit) -> None:
+    def __init__(self, pool: CaptionPool, emit: Emit, deltas: bool = True) -> None:
+        """`deltas` False: no provisional transcripts, only each part's final (nobody is shown the captions;
+        semantic_vad reads the words at a pause, the finals)."""
         self._pool = pool
         self._emit = emit
+        self._deltas = deltas
         self._turn: _Turn | None = None  # the turn in progress
         self._part: _Part | None = None  # the part being spoken
         self._finishing: list[_Part] = []  # parts over, waiting for their final
         self._lead_in: collections.deque[np.ndarray] = collections.deque(maxlen=LEAD_IN_CHUNKS)
         self._closed = False
+        self._waiting: list[asyncio.Future[None]] = []  # `heard_within` callers, woken when a final comes in
 
     # ---- the conversation's side ----------------------------------------------------------------------------
     def begin(self, item_id: str, chunks: list[np.ndarray]) -> None:
@@ -249,6 +276,29 @@ class Captions:
         else:
             self._ask(part)
 
+    def heard(self) -> Heard:
+        """The turn in progress's words so far (no turn: none, not ready)."""
+        parts = self._turn.parts if self._turn is not None else []
+        return Heard(" ".join(w for p in parts for w in p.words()), bool(parts) and all(p.heard for p in parts))
+
+    async def heard_within(self, timeout_s: float) -> Heard:
+        """`heard()` once it is ready, or after `timeout_s` whatever it is."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        heard = self.heard()
+        while not heard.ready and self._turn is not None and (left := deadline - loop.time()) > 0:
+            woken = loop.create_future()
+            self._waiting.append(woken)
+            try:
+                await asyncio.wait_for(woken, left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if woken in self._waiting:
+                    self._waiting.remove(woken)
+            heard = self.heard()
+        return heard
+
     def flush(self) -> None:
         """The part being spoken completes now (the caller's connection is gone); the turn goes on."""
         if self._part is not None:
@@ -284,12 +334,13 @@ class Captions:
             if part is not None:
                 self._cancel(part)
         self._part, self._finishing, self._turn = None, [], None
-        self._emit = _say_nothing
+        self._emit = say_nothing
 
     # ---- parts ----------------------------------------------------------------------------------------------
     def _ask(self, part: _Part) -> None:
         """A provisional transcript, UPDATE_S after the last one (one waiting at a time)."""
-        if not part.turn.confirmed or part.provisional is not None or part.samples - part.asked_at < UPDATE_S * RATE:
+        if (not self._deltas or not part.turn.confirmed or part.provisional is not None
+                or part.samples - part.asked_at < UPDATE_S * RATE):
             return
         part.asked_at = part.samples
         part.provisional = Job(part.audio(), tuple(part.committed), False,
@@ -365,6 +416,10 @@ class Captions:
             self._hypothesis(part, words or [])
             return
         part.final_words = words or []
+        waiting, self._waiting = self._waiting, []
+        for woken in waiting:
+            if not woken.done():
+                woken.set_result(None)
         if part.over:
             self._complete(part)
 

@@ -9,11 +9,11 @@ The input is what the model was trained on: Whisper log-mel features (80 bins) o
 zero-padded at the front, made by transformers' WhisperFeatureExtractor; the output is one sigmoid,
 P(the turn is complete).
 
-Beside it, with the server's --last-words (off by default: docs/turn-taking.md, "The last words", says why),
-what the turn ends with in words (last_words.py: Moonshine's transcript, once per pause, and a language model's
-P(a sentence ends there)): a turn whose words are unfinished ("a table for") is never ended by the early
-verdicts, and one whose words could end a sentence is ended by them at a lower P(complete)
-(`Eagerness.finished_threshold`).
+Beside it, where the call has the captions' recogniser, what the caller said so far (captions.Captions.heard, a
+transcript kept current while they speak) and how it ends (sentence_end.py): a turn whose words are unfinished
+("a table for") is never ended by the early verdicts, and one whose words end a sentence is ended by them at a
+lower P(complete) (`Eagerness.finished_threshold`). A verdict waits for words that do not yet cover the turn's
+speech no longer than its own check's slot; without them it is Smart Turn's alone.
 
 Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
 for the decision of a process's only call (WIDE_THREADS), at a lower CPU priority than the rest (SCORING_NICE).
@@ -35,12 +35,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import numpy as np
 
-from . import last_words
+from .sentence_end import Ending, ending
 from .vad import CHUNK_MS, CHUNK_SAMPLES
+
+if TYPE_CHECKING:
+    from .captions import Captions, Heard
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +136,6 @@ class Decision:
     threads: int = 1  # onnxruntime threads it ran on (the other's CPU time is not in cost_ms); 0: on the engine
 
 
-@dataclasses.dataclass(frozen=True)
-class Words:
-    text: str  # what the turn's audio says, as far as the recogniser heard it
-    end_probability: float | None  # P(a sentence ends after it), None: no evidence (last_words.SentenceEnds)
-    cost_ms: float  # CPU time of the transcript and the language model on its thread
-
-    @property
-    def unfinished(self) -> bool | None:
-        """The P is below last_words.UNFINISHED_BELOW (None: no evidence)."""
-        return last_words.unfinished(self.end_probability)
-
-
 EngineScore = Callable[[np.ndarray], Awaitable[tuple[float, float]]]  # Engine.score_turn, RemoteEngine.score_turn
 
 
@@ -160,8 +151,8 @@ class _LocalAsk:
 
 
 class EndOfTurnScorer:
-    """The process's end-of-turn model, its recogniser of the last words (None: not installed) and the threads
-    they run on, shared by every call; and the engine's verdicts, where it scores turns.
+    """The process's end-of-turn model and the threads it runs on, shared by every call; and the engine's
+    verdicts, where it scores turns.
 
     Why the overflow to the engine (`local` 1): when many callers stop at once, each process's decisions queue for
     the host's cores (24 turn ends on the H200 machine's 16 cores: verdicts 130-223 ms P50 against 34-48 for a
@@ -173,17 +164,14 @@ class EndOfTurnScorer:
     (docs/turn-taking.md, "Where the verdicts run")."""
 
     def __init__(self, model: Callable[[np.ndarray, int], float] | None,
-                 hear: Callable[[np.ndarray], tuple[str, float | None]] | None = None,
                  engine: EngineScore | None = None, local: int | None = None) -> None:
-        """`hear`: a turn's audio -> (its words, P(a sentence ends there)), as last_words.LastWords. `engine`: the
-        engine's verdicts, asked for where `local` decisions of this process are already on their way here (None:
-        never; 0: always, and `model` may be None)."""
+        """`engine`: the engine's verdicts, asked for where `local` decisions of this process are already on
+        their way here (None: never; 0: always, and `model` may be None)."""
         if (engine is None) != (local is None):
             raise ValueError("the engine's verdicts and `local` go together")
         if model is None and local != 0:
             raise ValueError("a scorer without the model takes every verdict from the engine (local 0)")
         self._model = model
-        self._hear = hear
         self._engine = engine
         self.local = local
         self._pool = concurrent.futures.ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="end-of-turn",
@@ -202,11 +190,7 @@ class EndOfTurnScorer:
 
     def with_engine(self, engine: EngineScore, local: int) -> "EndOfTurnScorer":
         """A scorer with this one's models that takes verdicts from `engine` beyond `local` at once here."""
-        return EndOfTurnScorer(self._model, self._hear, engine, local)
-
-    @property
-    def hears_words(self) -> bool:
-        return self._hear is not None
+        return EndOfTurnScorer(self._model, engine, local)
 
     def score_now(self, audio: np.ndarray) -> Decision:
         """The verdict of this process's model, on the calling thread."""
@@ -271,16 +255,6 @@ class EndOfTurnScorer:
         else:
             ask.verdict.set_result(run.result())
 
-    def words_now(self, audio: np.ndarray) -> Words:
-        if self._hear is None:
-            raise RuntimeError("no recogniser of the last words is installed")
-        started = time.thread_time()
-        text, p = self._hear(audio)
-        return Words(text, p, round((time.thread_time() - started) * 1000, 2))
-
-    async def words(self, audio: np.ndarray) -> Words:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.words_now, audio)
-
 
 def lower_priority(by: int = SCORING_NICE) -> None:
     """The calling thread's nice value up by `by`. Linux only: there a thread's id names that thread to
@@ -298,17 +272,14 @@ _shared_lock = threading.Lock()
 
 
 @functools.cache
-def _load_shared(words: bool) -> EndOfTurnScorer:
-    return EndOfTurnScorer(EndOfTurnModel(), last_words.shared_last_words() if words else None)
+def _load_shared() -> EndOfTurnScorer:
+    return EndOfTurnScorer(EndOfTurnModel())
 
 
-def shared_scorer(words: bool = False) -> EndOfTurnScorer:
-    """The process-wide scorer, loaded on first use (a second or so; call it off the event loop). `words`: with
-    the last-words check (the server's --last-words; its models must be installed: LastWordsUnavailable)."""
-    if words and not last_words.installed():
-        raise last_words.LastWordsUnavailable(f"--last-words needs its models: {last_words.INSTALL_HINT}")
+def shared_scorer() -> EndOfTurnScorer:
+    """The process-wide scorer, loaded on first use (a second or so; call it off the event loop)."""
     with _shared_lock:
-        return _load_shared(words)
+        return _load_shared()
 
 
 def model_installed() -> bool:
@@ -319,9 +290,9 @@ def model_installed() -> bool:
     return True
 
 
-def installed_scorer(words: bool = False) -> EndOfTurnScorer | None:
+def installed_scorer() -> EndOfTurnScorer | None:
     """The shared scorer, or None where the model is not installed (then only server_vad is offered)."""
-    return shared_scorer(words) if model_installed() else None
+    return shared_scorer() if model_installed() else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,9 +303,9 @@ class Eagerness:
     x (silence - first_check_ms), the silence being the one at which the verdict was asked for (one verdict jumps
     by up to 0.3 from one check to the next). An incomplete turn waits: the late check points are `patient_ms`
     of silence, then every `late_recheck_ms`, and their verdicts end it at P >= LATE_THRESHOLD; after
-    `max_wait_ms` of silence it ends anyway. Where the last words are heard (last_words.py), an early verdict never
-    ends a turn whose words are unfinished, and ends one whose words could end a sentence at P >=
-    `finished_threshold` (None: the same threshold as without words).
+    `max_wait_ms` of silence it ends anyway. Where the caller's words so far are heard (sentence_end.py), an early
+    verdict never ends a turn whose words are unfinished, and ends one whose words end a sentence at P >=
+    `finished_threshold` once the silence is `finished_from_ms` (None: the same threshold as without words).
 
     One verdict is on its way at a time, and the points do not move with it: a point that passes while a
     verdict is on its way is asked for once that verdict is back, so a slow verdict (a busy CPU) makes the
@@ -356,6 +327,7 @@ class Eagerness:
     threshold_per_ms: float = 0.0
     average_of: int = 1
     finished_threshold: float | None = None
+    finished_from_ms: int = 0
 
     def threshold_at(self, silence_ms: int) -> float:
         """The P(complete) that ends the turn, for a verdict asked for at `silence_ms` of silence."""
@@ -363,16 +335,16 @@ class Eagerness:
             return min(self.threshold, LATE_THRESHOLD)
         return min(self.threshold + self.threshold_per_ms * max(0, silence_ms - self.first_check_ms), 1.0)
 
-    def ends_turn(self, scores: list[float], silence_ms: int, unfinished: bool | None = None) -> bool:
+    def ends_turn(self, scores: list[float], silence_ms: int, words: Ending | None = None) -> bool:
         """Whether the pause's verdicts so far (`scores`, the latest last, asked for at `silence_ms`) end it;
-        `unfinished`: what the pause's last words say (None: not heard)."""
+        `words`: how the caller's words so far end (None: not heard in time)."""
         if silence_ms >= self.patient_ms:
             return scores[-1] >= self.threshold_at(silence_ms)
-        if unfinished:
+        if words is Ending.UNFINISHED:
             return False
         threshold = self.threshold_at(silence_ms)
-        if unfinished is False and self.finished_threshold is not None:
-            threshold = self.finished_threshold
+        if words is Ending.FINISHED and self.finished_threshold is not None and silence_ms >= self.finished_from_ms:
+            threshold = min(threshold, self.finished_threshold)
         recent = scores[-self.average_of:]
         return len(recent) == self.average_of and sum(recent) / len(recent) >= threshold
 
@@ -395,18 +367,20 @@ EARLIEST_END_MS = CHUNK_MS * 3
 # verdicts (average_of=2) did better offline but worse live on the tuning set. docs/turn-taking.md has them on
 # the held-out set.
 _LATE = {"patient_ms": 1100, "late_recheck_ms": 480, "max_wait_ms": 3000}
-# With the last words heard and able to end a sentence, auto/medium's first early verdict ends the turn whatever it
-# says (0.0): on the tuning sets (espeak-ng and flite's four voices, studies/turn_tuning.py --search) the fastest
-# policy keeping 80 % of the mid-sentence pauses (docs/turn-taking.md, "The last words"). high and low keep their
-# thresholds: the words only hold their early verdicts back.
-FINISHED_THRESHOLD = 0.0
+# With the caller's words heard and ending a sentence, auto/medium's early verdicts end the turn at a lower P once
+# the silence is FINISHED_FROM_MS (chosen with studies/turn_tuning.py --search-words on the tuning sets;
+# docs/turn-taking.md, "The caller's words"). high and low keep their thresholds: the words only hold them back.
+FINISHED_THRESHOLD = 0.5
+FINISHED_FROM_MS = 64
 EAGERNESS = {
     "high": Eagerness(threshold=0.8, first_check_ms=64, recheck_ms=96, early_until_ms=256,
                       patient_ms=640, late_recheck_ms=320, max_wait_ms=2000),
     "medium": Eagerness(threshold=0.9, threshold_per_ms=0.0002, first_check_ms=64, recheck_ms=64,
-                        early_until_ms=256, finished_threshold=FINISHED_THRESHOLD, **_LATE),
+                        early_until_ms=256, finished_threshold=FINISHED_THRESHOLD,
+                        finished_from_ms=FINISHED_FROM_MS, **_LATE),
     "auto": Eagerness(threshold=0.9, threshold_per_ms=0.0002, first_check_ms=64, recheck_ms=64,
-                      early_until_ms=256, finished_threshold=FINISHED_THRESHOLD, **_LATE),
+                      early_until_ms=256, finished_threshold=FINISHED_THRESHOLD,
+                        finished_from_ms=FINISHED_FROM_MS, **_LATE),
     "low": Eagerness(threshold=0.95, threshold_per_ms=0.0002, first_check_ms=128, recheck_ms=96,
                      early_until_ms=256, patient_ms=1400, late_recheck_ms=640, max_wait_ms=4000),
 }
@@ -420,6 +394,10 @@ class SemanticTurn:
     the turn on the scorer's threads; a verdict that comes back while the same pause still goes on and says
     "complete" calls `on_complete()`. Speech resuming starts a new pause, and late verdicts of older pauses are
     ignored.
+
+    With `captions` (the call's, set by the conversation), each verdict is read with the caller's words so far: a
+    verdict back before they cover the turn's speech waits for them until the check's slot is over (`recheck_ms`
+    after it was asked for), and without them decides alone (`words_ready` False).
     """
 
     def __init__(self, scorer: EndOfTurnScorer, eagerness: Eagerness, on_complete: Callable[[], None]) -> None:
@@ -440,15 +418,16 @@ class SemanticTurn:
         self.decisions: list[Decision] = []
         self.checked_at_ms: int | None = None  # the silence at which the latest verdict was asked for
         self.verdict_ms: float | None = None  # how long it took to come back (thread pool queue included)
-        self.words: Words | None = None  # the latest pause's last words, once heard
-        self._words: asyncio.Task[Words] | None = None  # the pause's transcript on its way (one per pause)
+        self.captions: Captions | None = None
+        self.heard: Heard | None = None  # the caller's words as the latest verdict read them
+        self.words_wait_ms: float | None = None  # how long that verdict waited for them
 
     def start(self, chunks: list[np.ndarray]) -> None:
         """A new turn, with its first audio (pre-roll included)."""
         self._audio, self._samples = [], 0
         self.probability, self.decisions = None, []
         self.checked_at_ms, self.verdict_ms = None, None
-        self.words = None
+        self.heard, self.words_wait_ms = None, None
         self._new_pause()
         self.add(chunks)
 
@@ -473,10 +452,7 @@ class SemanticTurn:
         if silence_ms >= self._next_check_ms and not self._scoring and self._audio:
             self._next_check_ms = self.eagerness.next_check_ms(self._next_check_ms)
             self._scoring = True
-            audio = np.concatenate(self._audio)
-            if self._words is None and self.scorer.hears_words:  # the words do not change while the pause lasts
-                self._words = self._spawn(self.scorer.words(audio))
-            self._spawn(self._score(self._pause, audio, silence_ms))
+            self._spawn(self._score(self._pause, np.concatenate(self._audio), silence_ms))
 
     def stop(self) -> None:
         """The turn is over (or abandoned): verdicts still on their way are ignored."""
@@ -498,29 +474,45 @@ class SemanticTurn:
 
     def _new_pause(self) -> None:
         self._pause += 1
-        self._words = None
         self._next_check_ms = self.eagerness.first_check_ms
         self._pause_scores: list[float] = []  # this pause's verdicts
         self._scoring = False  # a verdict still on its way belongs to the old pause
         self._complete = False
 
     async def _score(self, pause: int, audio: np.ndarray, silence_ms: int) -> None:
-        asked, words = time.monotonic(), self._words
+        asked = time.monotonic()
         try:
             decision = await self.scorer.score(audio)
-            heard = await words if words is not None else None  # (asked for with the pause's first verdict)
         finally:
             if pause == self._pause:
                 self._scoring = False
         if pause != self._pause:
             return
+        back = time.monotonic()
         self.probability = decision.probability
         self.decisions.append(decision)
-        self.checked_at_ms, self.verdict_ms = silence_ms, round((time.monotonic() - asked) * 1000, 1)
-        self.words = heard
+        self.checked_at_ms, self.verdict_ms = silence_ms, round((back - asked) * 1000, 1)
         self._pause_scores.append(decision.probability)
-        if self.eagerness.ends_turn(self._pause_scores, silence_ms, heard.unfinished if heard else None):
-            if self._silence_ms >= EARLIEST_END_MS:
-                self._on_complete()
-            else:
-                self._complete = True
+        verdicts = len(self._pause_scores)
+        heard = self.captions.heard() if self.captions is not None else None
+        self.heard, self.words_wait_ms = heard, 0.0 if heard is not None else None
+        if self._decide(silence_ms, heard) or heard is None or heard.ready:
+            return
+        # The words do not cover the speech yet: this verdict is read again with them if they come within its
+        # check's slot, unless a later verdict of the pause is back by then (the next check is not held back).
+        heard = await self.captions.heard_within(self.eagerness.recheck_ms / 1000)
+        if pause == self._pause and verdicts == len(self._pause_scores) and heard.ready:
+            self.heard, self.words_wait_ms = heard, round((time.monotonic() - back) * 1000, 1)
+            self._decide(silence_ms, heard)
+
+    def _decide(self, silence_ms: int, heard: Heard | None) -> bool:
+        """Whether the pause's verdicts so far, the latest asked for at `silence_ms`, with the caller's words
+        (where they cover the speech), end the turn; if so it ends (at EARLIEST_END_MS at the soonest)."""
+        words = ending(heard.text) if heard is not None and heard.ready else None
+        if not self.eagerness.ends_turn(self._pause_scores, silence_ms, words):
+            return False
+        if self._silence_ms >= EARLIEST_END_MS:
+            self._on_complete()
+        else:
+            self._complete = True
+        return True
