@@ -76,7 +76,6 @@ class Settings:
     end_of_turn_on: str = "auto"  # media: Smart Turn on each media process's CPU; engine: on the engine's device,
     # every call's verdicts batched; overflow: media, a process's decisions beyond one at a time on the engine;
     # auto: overflow on a GPU, else media (docs/turn-taking.md, "Where the verdicts run")
-    last_words: bool = False  # semantic_vad also hears the turn's last words (docs/turn-taking.md; off: why there)
     # captions of the caller's words on the page's calls (/api/offer): on, off, or auto (on where the speech
     # recogniser is installed; build_settings decides); /v1 calls follow their session's transcription setting
     transcription: str = "auto"
@@ -198,11 +197,6 @@ def validate(s: Settings) -> None:
     languages.check(s.language)
     if bool(s.cert) != bool(s.key):
         raise ValueError("--cert and --key go together")
-    if s.last_words:
-        from .media import last_words
-
-        if not last_words.installed():
-            raise ValueError(f"--last-words needs its models: {last_words.INSTALL_HINT}")
     if s.transcription not in TRANSCRIPTION_CHOICES:
         raise ValueError(f"transcription must be one of {', '.join(TRANSCRIPTION_CHOICES)}, not {s.transcription!r}")
     if s.transcription == "on":
@@ -344,10 +338,6 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                         "process), engine (on the engine's GPU, every call's verdicts batched), overflow (media, "
                         "and a process's decisions asked for while one of its own runs, and that one too, on the "
                         "engine's GPU); auto (default): overflow on a GPU, else media (README: Turn-taking)")
-    p.add_argument("--last-words", action="store_true", default=None,
-                   help="semantic_vad also transcribes each pause's last words and asks a language model whether a "
-                        "sentence can end there (pip install 'rtc-agent[last-words]'; off by default: README, "
-                        "Turn-taking)")
     p.add_argument("--transcription", choices=("on", "off"),
                    help="live captions of the caller's words on the page's calls (input_audio_transcription events; "
                         "default: on where the speech recogniser is installed; /v1 calls follow their session's "

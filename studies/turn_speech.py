@@ -1,10 +1,12 @@
 """The synthetic speech sets that turn-taking is tuned and measured on (studies/turn_latency.py,
 studies/turn_tuning.py).
 
-Three sets of different sentences, each with complete questions and sentences with a 600-1000 ms SSML <break> in
-the middle: `tuning` (the semantic_vad thresholds and check times were chosen on it), `heldout` (written before
-any score of it was seen, never used to choose anything; the numbers reported come from it) and `fresh` (written
-after the held-out sentences had been seen while the last-words check was drafted).
+Four sets of different sentences, each with complete questions and sentences with a 600-1000 ms SSML <break> in
+the middle (`tuning` and `unseen` also with finished requests with a comma inside): `tuning` (the semantic_vad
+thresholds and check times were chosen on it), `heldout` (written before any score of it was seen, never used to
+choose anything), `fresh` (written after the held-out sentences had been seen while the last-words check was
+drafted) and `unseen` (written for the caller's-words check before any score of it was seen; what that check is
+reported on).
 Voice: espeak-ng's default English voice at its default rate. Other voices (en-us, en-gb-x-rp, en-us+f3) and a
 comma or "..." before the break (a continuation tone) were tried on a few sentences and separated complete from
 cut speech no better; Debian's archive here has no mbrola voices. flite's four voices (`voice="flite:slt"`...)
@@ -100,6 +102,30 @@ QUESTIONS = {
         "Is it safe to drink the tap water here?",
         "How do you pronounce the name Siobhan?",
     ],
+    # Written for the caller's-words check (sentence_end.py) before any score of it was seen; never tuned on:
+    # the held-out set that check is reported on, with its PAUSED and COMMAS sentences.
+    "unseen": [
+        "Why is the sky blue?",
+        "Tell me a short joke about penguins.",
+        "Can you describe what you see on my screen?",
+        "What is two plus two?",
+        "How far away is the moon?",
+        "Who invented the telephone?",
+        "What time is it in New York right now?",
+        "Can you recommend a film for tonight?",
+        "How do I make pancakes without milk?",
+        "Is there a bank near the town hall?",
+        "What does the word serendipity mean?",
+        "Where was the last Olympic games held?",
+        "Could you explain how vaccines work?",
+        "How many legs does a spider have?",
+        "What is the loudest animal on the planet?",
+        "Do I need a visa to visit Brazil?",
+        "Give me three ideas for a quick lunch.",
+        "Which is bigger, a lion or a tiger?",
+        "What should I say in a thank you card?",
+        "How do I clean a cast iron pan?",
+    ],
 }
 
 # (before the pause, pause in ms, after it): the sentence plainly goes on after the pause.
@@ -172,6 +198,75 @@ PAUSED = {
         ("My phone battery is low", 900, "so keep the answer short."),
         ("Tell me about the weather", 800, "in Lisbon tomorrow afternoon."),
     ],
+    "unseen": [
+        ("Could you help me write a letter to", 800, "my landlord about the heating?"),
+        ("I am trying to find a recipe that uses", 900, "leftover rice and eggs."),
+        ("Can you give me directions to", 700, "the nearest hospital?"),
+        ("I would like to reserve a table for", 1000, "two people at eight."),
+        ("The main problem with my order is that it", 800, "never arrived."),
+        ("Please remind me to pick up", 600, "the dry cleaning on Friday."),
+        ("What is the difference between", 900, "a virus and a bacterium?"),
+        ("My grandmother used to make", 700, "the best apple pie in town."),
+        ("I need some advice about", 800, "buying a second hand car."),
+        ("Can you navigate to", 1000, "the nearest charging station?"),
+        ("Could you check if the", 600, "pharmacy is still open?"),
+        ("We want to spend the weekend in", 900, "a quiet village by the sea."),
+        ("I have been feeling tired", 800, "since I started the new job."),
+        ("Turn the music down", 700, "while I am on the phone."),
+        ("Let me think about it", 900, "and call you back later."),
+        ("I would like a coffee", 600, "with a little oat milk."),
+        ("Tell me something interesting", 1000, "about octopuses."),
+        ("My laptop will not start", 800, "after the last update."),
+        ("Book a room for Saturday", 700, "near the conference centre."),
+        ("Read me the news", 900, "about the election results."),
+    ],
+}
+# Finished requests with a comma inside (espeak-ng and flite say a short pause there): the turn must not end at it.
+COMMAS = {
+    "tuning": [
+        "Hello, can you hear me?",
+        "Excuse me, where is the nearest pharmacy?",
+        "If it rains tomorrow, should I take the bus?",
+        "Well, what do you think about my plan?",
+        "First, tell me the weather in Rome.",
+        "Please, turn off the kitchen lights.",
+        "When you have a moment, read me my messages.",
+        "Before we start, how long will this take?",
+        "By the way, did you set the alarm?",
+        "Honestly, I do not know what to cook tonight.",
+        "On second thoughts, make it a large pizza.",
+        "Apart from that, is there anything else I need?",
+        "Sorry, could you say that again?",
+        "In the morning, remind me to call the bank.",
+        "Okay, play the next song.",
+        "After dinner, what should we watch?",
+        "As you know, my car is in the garage.",
+        "Right, let us go through the list again.",
+        "If you can, find me a cheaper flight.",
+        "For my birthday, I would like a quiet dinner.",
+    ],
+    "unseen": [
+        "Turn up the heating in the back seats, please.",
+        "Hi, are you still there?",
+        "Actually, I changed my mind about the hotel.",
+        "If the shop is open, buy some bread.",
+        "Now, what was I saying?",
+        "Once the film ends, switch off the television.",
+        "Listen, I need help with my tax return.",
+        "Just in case, bring an extra jumper.",
+        "Good morning, what is on my calendar today?",
+        "To be honest, the last answer was wrong.",
+        "When the kettle boils, let me know.",
+        "Thanks, that was really helpful.",
+        "If possible, keep the answer short.",
+        "So, how does this work?",
+        "Tomorrow morning, wake me up at seven.",
+        "Yes, send the email to my boss.",
+        "While you are at it, check the traffic.",
+        "Oh dear, I forgot my keys again.",
+        "Without sugar, how does the cake taste?",
+        "In that case, cancel the order.",
+    ],
 }
 SETS = tuple(QUESTIONS)
 
@@ -225,9 +320,9 @@ def _flite(voice: str, text: str, rate: int) -> np.ndarray:
 
 def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = False, voice: str = "espeak-ng"
                ) -> list[Sentence]:
-    """The sentences of set `name` ("tuning", "heldout" or "fresh"), of the kinds asked for ("questions",
-    "statements": the paused sentences said without their pause, "paused"), said by `voice` (one of VOICES);
-    `continuation`: the paused ones with a comma before their break (see `espeak`)."""
+    """The sentences of set `name` (one of SETS), of the kinds asked for ("questions", "statements": the paused
+    sentences said without their pause, "paused", "commas": COMMAS, where the set has them), said by `voice` (one
+    of VOICES); `continuation`: the paused ones with a comma before their break (see `espeak`)."""
     if name not in QUESTIONS:
         raise ValueError(f"unknown speech set {name!r} (one of {', '.join(SETS)})")
     if voice not in VOICES:
@@ -242,6 +337,10 @@ def speech_set(name: str, kinds: list[str], rate: int, continuation: bool = Fals
         for before, _, after in PAUSED[name]:
             s = synthesize(f"{before} {after}", rate)
             out.append(Sentence("statement", f"{before} {after}", s, int(np.flatnonzero(np.abs(s) > LEVEL)[-1]), None))
+    if "commas" in kinds:  # finished, with a short pause at a comma inside: a cut-in there is a turn ended early
+        for text in COMMAS.get(name, []):
+            s = synthesize(text, rate)
+            out.append(Sentence("comma", text, s, int(np.flatnonzero(np.abs(s) > LEVEL)[-1]), None))
     if "paused" in kinds:
         for before, ms, after in PAUSED[name]:
             s = synthesize(before, rate, ms, after, continuation)

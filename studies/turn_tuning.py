@@ -23,6 +23,7 @@ import dataclasses
 import itertools
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,17 +32,18 @@ import torch
 
 from rtc_agent.config import TurnSettings
 from rtc_agent.engine.turn_scoring import DeviceTurnModel
-from rtc_agent.media import last_words
+from rtc_agent.media import moonshine
 from rtc_agent.media.end_of_turn import EAGERNESS, WINDOW_S, Eagerness, EndOfTurnModel
+from rtc_agent.media.sentence_end import Ending, ending
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector
 from studies.turn_features import evidence
 from studies.turn_speech import SETS, VOICES, Sentence, speech_set
 
 RATE = 16_000
-FINISHED = ("question", "statement", "finished")  # a whole sentence, then silence (synthetic sets; real speech)
+FINISHED = ("question", "statement", "finished", "comma")  # a whole sentence, then silence (synthetic; real)
 LONGEST_MS = 1600  # scores kept after the real end
 VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/turn-taking.md)
-WORDS_MS = 90  # the last words come this long after the pause's first check (last_words.py, a 2-3 s turn)
+WORDS_SLOWER = 1.0  # the recogniser's time on this machine x this: the captions' threads share the CPU in a call
 
 
 def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> list[Sentence]:
@@ -87,8 +89,7 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
     the last sound (`speech_end`, found when the silence begins) plus the silence run so far, so that the model
     sees the same stretch of silence, on the same log-mel frame grid, whatever the chunk phase."""
     model, vad, turn = end_of_turn_model(scorer, shifts), SpeechProbability(), TurnSettings()
-    hear = last_words.shared_last_words() if last_words.installed() else None
-    first_check = EAGERNESS["auto"].first_check_ms
+    hear = moonshine.shared() if moonshine.installed() else None
     out = []
     for s in sentences(name, kinds, continuation, voice):
         vad.reset()
@@ -107,9 +108,10 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
             if run and len(silences[-1]["scores"]) < LONGEST_MS // CHUNK_MS:
                 until = end if cut == "chunk" else min(end, silences[-1]["sound_ends"] + run * RATE // 1000)
                 silences[-1]["scores"].append(round(model(audio[:until]), 4))
-            if run == first_check and hear is not None:  # the words as the first check hears them
-                text, p = hear(audio[max(0, end - RATE * WINDOW_S):end])
-                silences[-1].update(words=text, end_p=p)
+            if run == CHUNK_MS and hear is not None:  # the captions' final, asked for at the first silent chunk
+                started = time.perf_counter()
+                text = hear(audio[max(0, end - RATE * WINDOW_S):end])
+                silences[-1].update(words=text, words_ms=round((time.perf_counter() - started) * 1000))
         real_end_ms = s.end * 1000 // RATE
         # The final silence is the last one (it runs into the 2 s of zeros): silero may count it from a little
         # before the last faint sound (real speech: "This conference is locked!"), so it is not told by its start.
@@ -120,54 +122,67 @@ def trajectories(name: str, kinds: list[str], continuation: bool, voice: str,
                     "final": final[0]["scores"] if final else [], "mid": [x["scores"] for x in mid],
                     "final_words": final[0].get("words") if final else None,
                     "mid_words": [x.get("words") for x in mid],
-                    "final_end_p": final[0].get("end_p") if final else None,
-                    "mid_end_p": [x.get("end_p") for x in mid],
+                    "final_words_ms": final[0].get("words_ms") if final else None,
+                    "mid_words_ms": [x.get("words_ms") for x in mid],
                     "final_evidence": final[0]["evidence"] if final else None,
                     "mid_evidence": [x["evidence"] for x in mid]})
         print(f"{s.text}: tail {out[-1]['vad_tail_ms']} ms, {len(mid)} pauses", file=sys.stderr)
     return out
 
 
+Words = tuple[Ending, int]  # how the words at a silence end, and the silence (ms) at which they are ready
+
+
 def verdicts(scores: list[float], e: Eagerness, longest_ms: int,
-             unfinished: bool | None = None) -> tuple[int | None, float | None]:
+             words: Words | None = None) -> tuple[int | None, float | None]:
     """(silence ms when the turn would end, the deciding score) for one silence of `longest_ms` at most, with
-    checks as SemanticTurn makes them (`unfinished`: the pause's last words, heard WORDS_MS after its first
-    check; None: not heard); (None, None): no verdict ended it."""
+    checks as SemanticTurn makes them (`words`: the caller's words; a verdict back before they are ready is read
+    alone, and again with them if they come within `recheck_ms`); (None, None): no verdict ended it."""
     point, ends_at, asked = e.first_check_ms, 0, []
-    words_at = e.first_check_ms + WORDS_MS if unfinished is not None else 0
     for i, p in enumerate(scores):
         silence = (i + 1) * CHUNK_MS
         if silence >= max(point, ends_at):  # one verdict at a time; a point passed meanwhile is asked for now
-            ends_at = max(silence + VERDICT_MS, words_at)  # a verdict waits for the pause's words
+            ends_at = silence + VERDICT_MS
             if ends_at >= longest_ms:
                 break
             point = e.next_check_ms(point)
             asked.append(p)
-            if e.ends_turn(asked, silence) if unfinished is None else e.ends_turn(asked, silence, unfinished):
+            ready = words is not None and words[1] <= ends_at
+            if e.ends_turn(asked, silence, words[0] if ready else None):
                 return ends_at, p
+            late = words is not None and not ready and words[1] <= ends_at + e.recheck_ms
+            if late and words[1] < longest_ms and e.ends_turn(asked, silence, words[0]):
+                return words[1], p
     return (e.max_wait_ms, None) if longest_ms >= e.max_wait_ms else (None, None)
 
 
-def evaluate(rows: list[dict[str, Any]], e: Eagerness, below: float | None = None) -> dict[str, Any]:
-    """Questions: speech end -> the verdict that ends the turn (VAD tail + wait); every sentence: cut in a pause
-    inside it or not (a question's pauses are espeak-ng's short ones between phrases). `below`: with the last
-    words (scores made with them installed), unfinished below this P(the sentence ends)."""
-    def unfinished(p: float | None) -> bool | None:
-        return None if below is None or p is None else p < below
+def heard(text: str | None, ms: int | None, use: bool) -> Words | None:
+    """A silence's words as the replay reads them (None: not used, or not transcribed)."""
+    if not use or text is None:
+        return None
+    return ending(text), CHUNK_MS + round(ms * WORDS_SLOWER)
 
-    waits, cut = [], {"question": 0, "statement": 0, "finished": 0, "paused": 0, "unfinished": 0}
+
+def evaluate(rows: list[dict[str, Any]], e: Eagerness, words: bool = False) -> dict[str, Any]:
+    """Finished sentences: speech end -> the verdict that ends the turn (VAD tail + wait); every sentence: cut in
+    a pause inside it or not (a question's pauses are espeak-ng's short ones between phrases, a comma's its
+    comma). `words`: with the caller's words (scores made with the recogniser installed)."""
+    waits, cut = [], {"question": 0, "statement": 0, "finished": 0, "paused": 0, "unfinished": 0, "comma": 0}
     for r in rows:
-        end_p = r.get("mid_end_p") or [None] * len(r["mid"])
-        cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS, unfinished(p))[0] is not None
-                              for m, p in zip(r["mid"], end_p))
+        mid_ms = r.get("mid_words_ms") or [None] * len(r["mid"])
+        mid_words = r.get("mid_words") or [None] * len(r["mid"])
+        cut[r["kind"]] += any(verdicts(m, e, len(m) * CHUNK_MS, heard(t, ms, words))[0] is not None
+                              for m, t, ms in zip(r["mid"], mid_words, mid_ms))
         if r["kind"] in FINISHED:
-            wait, _ = verdicts(r["final"], e, 10_000, unfinished(r.get("final_end_p")))
+            wait, _ = verdicts(r["final"], e, 10_000, heard(r.get("final_words"), r.get("final_words_ms"), words))
             waits.append(r["vad_tail_ms"] + (wait if wait is not None else e.max_wait_ms))
     paused = sum(r["kind"] == "paused" for r in rows)
+    commas = sum(r["kind"] == "comma" for r in rows)
     return {"speech_end_to_verdict_p50_ms": float(np.percentile(waits, 50)),
             "speech_end_to_verdict_p90_ms": float(np.percentile(waits, 90)),
-            "questions_cut": sum(cut[k] for k in FINISHED), "not_cut": f"{paused - cut['paused']}/{paused}",
-            "not_cut_share": (paused - cut["paused"]) / paused}
+            "questions_cut": sum(cut[k] for k in FINISHED if k != "comma"), "commas_cut": f"{cut['comma']}/{commas}",
+            "not_cut": f"{paused - cut['paused']}/{paused}", "not_cut_share": (paused - cut["paused"]) / max(1, paused),
+            "commas_cut_share": cut["comma"] / max(1, commas)}
 
 
 def early_bound(rows: list[dict[str, Any]], floor: float, within_ms: int = 256) -> tuple[int, int, float]:
@@ -207,16 +222,18 @@ def search(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any
     return found
 
 
-def search_words(rows: list[dict[str, Any]], floor: float) -> list[tuple[dict[str, Any], float, Eagerness]]:
-    """auto's checks with the last words: the P(the sentence ends) below which words are unfinished, and the early
-    threshold when they are not, for policies that keep at least `floor` of the pauses, fastest P50 + P90 first."""
+def search_words(rows: list[dict[str, Any]], floor: float, comma_ceiling: float
+                 ) -> list[tuple[dict[str, Any], Eagerness]]:
+    """auto's checks with the caller's words: the early threshold for finished words and the silence from which
+    it holds, for policies that keep at least `floor` of the pauses and cut at most `comma_ceiling` of the
+    commas, fastest P50 + P90 first."""
     found = []
-    for below, threshold in itertools.product((0.02, 0.03, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2),
-                                              (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, None)):
-        e = dataclasses.replace(EAGERNESS["auto"], finished_threshold=threshold)
-        r = evaluate(rows, e, below)
-        if r["not_cut_share"] >= floor:
-            found.append((r, below, e))
+    for threshold, from_ms in itertools.product((0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, None),
+                                                (64, 96, 128, 160, 192)):
+        e = dataclasses.replace(EAGERNESS["auto"], finished_threshold=threshold, finished_from_ms=from_ms)
+        r = evaluate(rows, e, words=True)
+        if r["not_cut_share"] >= floor and r["commas_cut_share"] <= comma_ceiling:
+            found.append((r, e))
     found.sort(key=lambda f: f[0]["speech_end_to_verdict_p50_ms"] + f[0]["speech_end_to_verdict_p90_ms"])
     return found
 
@@ -225,7 +242,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", choices=SETS + ("real",), help="score this speech set (real: studies/real_speech.py, "
                    "held out, for reporting only)")
-    p.add_argument("--kinds", default="questions,paused", help="questions, statements, paused (comma-separated)")
+    p.add_argument("--kinds", default="questions,paused,commas",
+                   help="questions, statements, paused, commas (comma-separated)")
     p.add_argument("--continuation", action="store_true", help="a comma before each mid-sentence break")
     p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says the set")
     p.add_argument("--scorer", choices=("onnxruntime", "torch"), default="onnxruntime",
@@ -240,7 +258,13 @@ def main() -> None:
     p.add_argument("--load", nargs="+", help="scores made before (JSON files, taken together) instead of --set")
     p.add_argument("--search", action="store_true", help="look for the fastest policies that keep --floor")
     p.add_argument("--floor", type=float, default=0.85, help="share of pauses not cut, at least")
+    p.add_argument("--search-words", action="store_true", help="with the caller's words: the finished threshold")
+    p.add_argument("--comma-ceiling", type=float, default=0.05, help="share of commas cut, at most (--search-words)")
+    p.add_argument("--words-slower", type=float, default=WORDS_SLOWER,
+                   help="the recogniser's time in a call against here (--load: the replays)")
     args = p.parse_args()
+    global WORDS_SLOWER
+    WORDS_SLOWER = args.words_slower
     if args.load:
         rows = [row for path in args.load for row in json.loads(Path(path).read_text())]
     else:
@@ -257,11 +281,12 @@ def main() -> None:
         print(name, evaluate(rows, e))
     if any(r.get("final_words") is not None for r in rows):
         for name, e in EAGERNESS.items():
-            print(name, "with the last words", evaluate(rows, e, last_words.UNFINISHED_BELOW))
-        if args.search:
-            print("auto with the last words, fastest first among those keeping --floor of the pauses:")
-            for r, below, e in search_words(rows, args.floor)[:10]:
-                print(r, f"unfinished below {below}, finished_threshold {e.finished_threshold}")
+            print(name, "with the caller's words", evaluate(rows, e, words=True))
+        if args.search_words:
+            print("auto with the caller's words, fastest first among those keeping --floor of the pauses and "
+                  "cutting at most --comma-ceiling of the commas:")
+            for r, e in search_words(rows, args.floor, args.comma_ceiling)[:10]:
+                print(r, f"finished_threshold {e.finished_threshold} from {e.finished_from_ms} ms")
     print("separation of complete from cut: " + ", ".join(f"{ms} ms {separation(rows, ms):.2f}" for ms in (128, 256)))
     ended, questions, threshold = early_bound(rows, args.floor)
     print(f"at most {ended}/{questions} questions can end within 256 ms of silence while {args.floor:.0%} of the "

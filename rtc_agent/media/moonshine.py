@@ -79,7 +79,7 @@ _shared_lock = threading.Lock()
 
 
 def shared() -> "Moonshine":
-    """The process's recogniser (captions and --last-words share it), loaded on first use (blocking)."""
+    """The process's recogniser (the captions, whose words semantic_vad reads too), loaded on first use (blocking)."""
     with _shared_lock:
         return _load_shared()
 

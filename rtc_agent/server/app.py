@@ -17,7 +17,7 @@ from aiortc import RTCCertificate
 
 from ..config import VOICES, Settings
 from ..loop_lag import freeze_startup_objects
-from ..media import last_words, moonshine
+from ..media import moonshine
 from ..media.captions import CaptionPool
 from ..media.end_of_turn import LOCAL_AT_ONCE, EndOfTurnScorer, installed_scorer, model_path, shared_scorer
 from ..media.ice import browser_ice_servers, use_host_addresses
@@ -152,8 +152,8 @@ def end_of_turn_scorer(s: Settings, engine: Any) -> EndOfTurnScorer | None:
     offered). (Blocking: it may load models.)"""
     where = engine.describe().get("end_of_turn")
     if where == "engine":
-        return EndOfTurnScorer(None, last_words.shared_last_words() if s.last_words else None, engine.score_turn, 0)
-    scorer = (shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)(s.last_words)
+        return EndOfTurnScorer(None, engine.score_turn, 0)
+    scorer = (shared_scorer if s.turn.turn_detection == "semantic_vad" else installed_scorer)()
     if scorer is not None and where == "overflow":
         return scorer.with_engine(engine.score_turn, LOCAL_AT_ONCE)
     return scorer
