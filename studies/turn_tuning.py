@@ -43,7 +43,7 @@ RATE = 16_000
 FINISHED = ("question", "statement", "finished", "comma")  # a whole sentence, then silence (synthetic; real)
 LONGEST_MS = 1600  # scores kept after the real end
 VERDICT_MS = 45  # a verdict comes this long after its check (the model's time per decision, docs/turn-taking.md)
-WORDS_SLOWER = 1.0  # the recogniser's time on this machine x this: the captions' threads share the CPU in a call
+SLOWER = [1.0]  # the recogniser's time here x this, in the replays (--words-slower: in a call it shares the CPU)
 
 
 def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> list[Sentence]:
@@ -160,7 +160,7 @@ def heard(text: str | None, ms: int | None, use: bool) -> Words | None:
     """A silence's words as the replay reads them (None: not used, or not transcribed)."""
     if not use or text is None:
         return None
-    return ending(text), CHUNK_MS + round(ms * WORDS_SLOWER)
+    return ending(text), CHUNK_MS + round(ms * SLOWER[0])
 
 
 def evaluate(rows: list[dict[str, Any]], e: Eagerness, words: bool = False) -> dict[str, Any]:
@@ -260,11 +260,10 @@ def main() -> None:
     p.add_argument("--floor", type=float, default=0.85, help="share of pauses not cut, at least")
     p.add_argument("--search-words", action="store_true", help="with the caller's words: the finished threshold")
     p.add_argument("--comma-ceiling", type=float, default=0.05, help="share of commas cut, at most (--search-words)")
-    p.add_argument("--words-slower", type=float, default=WORDS_SLOWER,
+    p.add_argument("--words-slower", type=float, default=SLOWER[0],
                    help="the recogniser's time in a call against here (--load: the replays)")
     args = p.parse_args()
-    global WORDS_SLOWER
-    WORDS_SLOWER = args.words_slower
+    SLOWER[0] = args.words_slower
     if args.load:
         rows = [row for path in args.load for row in json.loads(Path(path).read_text())]
     else:

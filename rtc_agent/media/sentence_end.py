@@ -22,16 +22,17 @@ class Ending(enum.Enum):
 
 # Words an English sentence does not end on, whatever the punctuation after them.
 _ARTICLES = "a an the"
-_CONJUNCTIONS = "and or but nor because although though whereas unless than"
+_CONJUNCTIONS = "and or but nor because although though whereas unless than if whether while until"
 _POSSESSIVES = "my your his her its our their every each"
 _FILLERS = "um uh er erm hmm"
 NEVER_AN_END = frozenset(" ".join((_ARTICLES, _CONJUNCTIONS, _POSSESSIVES, _FILLERS)).split())
 # Words a statement does not end on, though a question may ("Where does this train go to?", "Do you know what
-# time it is?", "What is that?", "Can you wake me up at seven?"): after them only a question mark is an end.
+# time it is?", "What is that?", "Since when?", "Can you wake me up at seven?"): after them only a question mark
+# is an end.
 _PREPOSITIONS = ("to for of from in on at by into onto with without about between among through during before "
                  "after under over against toward towards across behind near like")
 _AUXILIARIES = "is are was were be been am do does did have has had will would shall should can could may might must"
-_PRONOUNS = "i we they he she who that this these which what whether if while so until"
+_PRONOUNS = "i we they he she who that this these which what when where how why so"
 QUESTION_END_ONLY = frozenset(" ".join((_PREPOSITIONS, _AUXILIARIES, _PRONOUNS)).split())
 _NUMBERS = frozenset(("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
                       "sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety "
