@@ -37,7 +37,7 @@ from rtc_agent.client.peer import Call
 from rtc_agent.media.ice import use_host_addresses
 from studies.turn_speech import SETS, VOICES, Sentence, speech_set
 
-KINDS = ("question", "finished", "paused", "unfinished")  # real speech has finished, paused and unfinished
+KINDS = ("question", "comma", "finished", "paused", "unfinished")  # real speech: finished, paused, unfinished
 
 GAP_AFTER_S = 0.4  # quiet between one sentence's answer and the next sentence
 WAIT_S = 12.0  # longest wait for a sentence's answer after its speech ends
@@ -85,16 +85,17 @@ async def speak(call: Call, mic: Microphone, sentence: Sentence) -> dict[str, An
         "wait_ms": eot.get("wait_ms"), "decisions": eot.get("decisions"),
         "decision_cpu_ms": eot.get("decision_cpu_ms", []), "decision_threads": eot.get("decision_threads", []),
         "heard_ms": None if heard is None else round((heard - t_end) * 1000),
+        "pause_ms": None if sentence.pause is None else round((sentence.pause[1] - sentence.pause[0]) * 1000 / RATE),
         "cut_in": cut_in, "answered_after_end": final_commit is not None,
         "server_ttfp_ms": (final or {}).get("metrics", {}).get("ttfp_ms"),
         "checked_at_ms": eot.get("checked_at_ms"), "verdict_ms": eot.get("verdict_ms"),
-        "words": eot.get("words"), "words_end_probability": eot.get("words_end_probability"),
-        "words_cpu_ms": eot.get("words_cpu_ms"),
+        "words": eot.get("words"), "words_ready": eot.get("words_ready"), "words_ending": eot.get("words_ending"),
+        "words_wait_ms": eot.get("words_wait_ms"),
     }
-    if cut_in and dones:  # what the model (and the last words) said when it ended the turn inside the pause
+    if cut_in and dones:  # what the model said, and the words it read, when it ended the turn inside the pause
         cut = dones[0]["metrics"]["end_of_turn"]
         row.update(cut_probability=cut.get("probability"), cut_words=cut.get("words"),
-                   cut_words_end_probability=cut.get("words_end_probability"))
+                   cut_words_ending=cut.get("words_ending") if cut.get("words_ready") else None)
     await asyncio.sleep(GAP_AFTER_S)
     return row
 
@@ -155,6 +156,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "answered_after_end": sum(r["answered_after_end"] for r in rs),
             "decision_cpu_ms_p50": pct(costs, 50), "decision_cpu_ms_p90": pct(costs, 90), "decisions_wide": wide,
             "decisions_per_turn": statistics.mean(r["decisions"] or 0 for r in rs) if costs else None,
+            "words_ready": sum(bool(r.get("words_ready")) for r in rs),
             "breakdown_p50_ms": breakdown([r for r in rs if r["heard_ms"] is not None and not r["cut_in"]]),
         }
     return out
@@ -189,12 +191,14 @@ def fmt(v: Any) -> str:
 def markdown(results: dict[str, Any]) -> str:
     lines = []
     for mode, rows in results.items():
-        lines += [f"### {mode}", "", "| sentence | P(complete) | wait ms | heard ms | cut in the pause |",
-                  "|---|---|---|---|---|"]
+        lines += [f"### {mode}", "", "| sentence | P(complete) | words read | wait ms | heard ms | cut in the pause |",
+                  "|---|---|---|---|---|---|"]
         for r in rows:
             cut = fmt(r["cut_in"]) + (f" (at P {fmt(r['cut_probability'])})" if r.get("cut_probability") else "")
             who = f" ({r['voice']})" if r.get("voice") else ""
-            lines.append(f"| {r['text']}{who} | {fmt(r['probability'])} | {fmt(r['wait_ms'])} | {fmt(r['heard_ms'])} "
+            read = f"{r['words']} ({r['words_ending']})" if r.get("words_ready") else "–"
+            lines.append(f"| {r['text']}{who} | {fmt(r['probability'])} | {read} | {fmt(r['wait_ms'])} | "
+                         f"{fmt(r['heard_ms'])} "
                          f"| {cut if r['kind'] != 'question' else fmt(r['cut_in'])} |")
         lines.append("")
         for kind, s in summary(rows).items():
@@ -205,19 +209,20 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{fmt(s['decision_cpu_ms_p50'])} ms CPU a decision on its scoring thread (P90 "
                          f"{fmt(s['decision_cpu_ms_p90'])}; {s['decisions_wide']} of them on two threads, the "
                          "second's CPU not counted), "
-                         f"{fmt(s['decisions_per_turn'])} decisions a turn; P50 parts: "
+                         f"{fmt(s['decisions_per_turn'])} decisions a turn; words read {s['words_ready']}/{s['n']}; "
+                         "P50 parts: "
                          + ", ".join(f"{k} {fmt(v)}" for k, v in s["breakdown_p50_ms"].items()))
         lines.append("")
     return "\n".join(lines)
 
 
 @contextlib.asynccontextmanager
-async def own_server(port: int, max_sessions: int) -> AsyncIterator[str]:
+async def own_server(port: int, max_sessions: int, more: list[str]) -> AsyncIterator[str]:
     """`rtc-agent serve` on a loopback port of its own, with short answers (the tiny model never stops)."""
     cli = Path(sys.executable).with_name("rtc-agent")
     proc = subprocess.Popen([str(cli), "serve", "--port", str(port), "--max-answer-s", "0.5",
                              "--max-sessions", str(max_sessions), "--ice-host-address", "127.0.0.1",
-                             "--log-level", "WARNING"])
+                             "--log-level", "WARNING", *more])
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
@@ -245,21 +250,25 @@ async def main() -> None:
                    help="the speech set (studies/turn_speech.py): heldout is what is reported, tuning what was "
                         "tuned on; real: recordings of people (python3 -m studies.real_speech --fetch first; held out, "
                         "never tuned on)")
-    p.add_argument("--sets", help="questions, paused or both (default); for --speech real: finished, paused, "
-                                  "unfinished (default all three)")
+    p.add_argument("--sets", help="questions, paused, commas (default all three, where the set has them); for "
+                                  "--speech real: finished, paused, unfinished (default all three)")
     p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says a synthetic set")
     p.add_argument("--callers", type=int, default=1, help="calls at once (each speaks the whole set)")
     p.add_argument("--json", help="write every row and the summaries here")
+    p.add_argument("--serve-args", default="", help="more arguments of the server it starts (\"--transcription off\": "
+                   "no recogniser, Smart Turn alone)")
     args = p.parse_args()
     use_host_addresses(("127.0.0.1",))
     if args.speech == "real":
         from real_speech import KINDS as REAL_KINDS, real_set
         sentences = real_set((args.sets or ",".join(REAL_KINDS)).split(","), RATE)
     else:
-        sentences = speech_set(args.speech, (args.sets or "questions,paused").split(","), RATE, voice=args.voice)
+        sentences = speech_set(args.speech, (args.sets or "questions,paused,commas").split(","), RATE,
+                               voice=args.voice)
     modes = args.modes.split(",")
     load = os.getloadavg()
-    async with (contextlib.nullcontext(args.url) if args.url else own_server(args.port, max(4, args.callers))) as url:
+    async with (contextlib.nullcontext(args.url) if args.url else own_server(args.port, max(4, args.callers),
+                                                                          args.serve_args.split())) as url:
         results = await measure(url, modes, sentences, args.callers)
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
           + " ".join(f"{v:.2f}" for v in os.getloadavg()) + f"; {os.cpu_count()} cores; callers {args.callers}\n")

@@ -304,8 +304,9 @@ class Eagerness:
     by up to 0.3 from one check to the next). An incomplete turn waits: the late check points are `patient_ms`
     of silence, then every `late_recheck_ms`, and their verdicts end it at P >= LATE_THRESHOLD; after
     `max_wait_ms` of silence it ends anyway. Where the caller's words so far are heard (sentence_end.py), an early
-    verdict never ends a turn whose words are unfinished, and ends one whose words end a sentence at P >=
-    `finished_threshold` once the silence is `finished_from_ms` (None: the same threshold as without words).
+    verdict never ends a turn whose words are unfinished, and once the silence is `finished_from_ms` ends one whose
+    words end a sentence at P >= `finished_threshold`, a question at P >= `question_threshold` (None: the same
+    threshold as without words).
 
     One verdict is on its way at a time, and the points do not move with it: a point that passes while a
     verdict is on its way is asked for once that verdict is back, so a slow verdict (a busy CPU) makes the
@@ -327,6 +328,7 @@ class Eagerness:
     threshold_per_ms: float = 0.0
     average_of: int = 1
     finished_threshold: float | None = None
+    question_threshold: float | None = None
     finished_from_ms: int = 0
 
     def threshold_at(self, silence_ms: int) -> float:
@@ -343,8 +345,9 @@ class Eagerness:
         if words is Ending.UNFINISHED:
             return False
         threshold = self.threshold_at(silence_ms)
-        if words is Ending.FINISHED and self.finished_threshold is not None and silence_ms >= self.finished_from_ms:
-            threshold = min(threshold, self.finished_threshold)
+        lower = {Ending.FINISHED: self.finished_threshold, Ending.QUESTION: self.question_threshold}.get(words)
+        if lower is not None and silence_ms >= self.finished_from_ms:
+            threshold = min(threshold, lower)
         recent = scores[-self.average_of:]
         return len(recent) == self.average_of and sum(recent) / len(recent) >= threshold
 
@@ -367,20 +370,23 @@ EARLIEST_END_MS = CHUNK_MS * 3
 # verdicts (average_of=2) did better offline but worse live on the tuning set. docs/turn-taking.md has them on
 # the held-out set.
 _LATE = {"patient_ms": 1100, "late_recheck_ms": 480, "max_wait_ms": 3000}
-# With the caller's words heard and ending a sentence, auto/medium's early verdicts end the turn at a lower P once
-# the silence is FINISHED_FROM_MS (chosen with studies/turn_tuning.py --search-words on the tuning sets;
-# docs/turn-taking.md, "The caller's words"). high and low keep their thresholds: the words only hold them back.
+# With the caller's words heard and ending a sentence, auto/medium's early verdicts end the turn at a lower P: 0.5
+# after a full stop, any P after a question mark (the words decide). Chosen with studies/turn_tuning.py
+# --search-words on the tuning sets, espeak-ng and flite slt: the fastest that keep as many of the commas as Smart
+# Turn alone (docs/turn-taking.md, "The caller's words"). high and low keep their thresholds: the words only hold
+# them back.
 FINISHED_THRESHOLD = 0.5
+QUESTION_THRESHOLD = 0.0
 FINISHED_FROM_MS = 64
 EAGERNESS = {
     "high": Eagerness(threshold=0.8, first_check_ms=64, recheck_ms=96, early_until_ms=256,
                       patient_ms=640, late_recheck_ms=320, max_wait_ms=2000),
     "medium": Eagerness(threshold=0.9, threshold_per_ms=0.0002, first_check_ms=64, recheck_ms=64,
                         early_until_ms=256, finished_threshold=FINISHED_THRESHOLD,
-                        finished_from_ms=FINISHED_FROM_MS, **_LATE),
+                        question_threshold=QUESTION_THRESHOLD, finished_from_ms=FINISHED_FROM_MS, **_LATE),
     "auto": Eagerness(threshold=0.9, threshold_per_ms=0.0002, first_check_ms=64, recheck_ms=64,
                       early_until_ms=256, finished_threshold=FINISHED_THRESHOLD,
-                        finished_from_ms=FINISHED_FROM_MS, **_LATE),
+                        question_threshold=QUESTION_THRESHOLD, finished_from_ms=FINISHED_FROM_MS, **_LATE),
     "low": Eagerness(threshold=0.95, threshold_per_ms=0.0002, first_check_ms=128, recheck_ms=96,
                      early_until_ms=256, patient_ms=1400, late_recheck_ms=640, max_wait_ms=4000),
 }
@@ -396,8 +402,8 @@ class SemanticTurn:
     ignored.
 
     With `captions` (the call's, set by the conversation), each verdict is read with the caller's words so far: a
-    verdict back before they cover the turn's speech waits for them until the check's slot is over (`recheck_ms`
-    after it was asked for), and without them decides alone (`words_ready` False).
+    verdict back before they cover the turn's speech waits for them at most the check's slot (`recheck_ms`), and
+    without them decides alone (`words_ready` False in response.done).
     """
 
     def __init__(self, scorer: EndOfTurnScorer, eagerness: Eagerness, on_complete: Callable[[], None]) -> None:
@@ -489,30 +495,26 @@ class SemanticTurn:
         if pause != self._pause:
             return
         back = time.monotonic()
+        heard = self.captions.heard() if self.captions is not None else None
+        if heard is not None and not heard.ready:  # (waits no longer than the check's slot, then decides alone)
+            heard = await self.captions.heard_within(self.eagerness.recheck_ms / 1000)
+            if pause != self._pause:
+                return
         self.probability = decision.probability
         self.decisions.append(decision)
         self.checked_at_ms, self.verdict_ms = silence_ms, round((back - asked) * 1000, 1)
+        self.heard = heard
+        self.words_wait_ms = None if heard is None else round((time.monotonic() - back) * 1000, 1)
         self._pause_scores.append(decision.probability)
-        verdicts = len(self._pause_scores)
-        heard = self.captions.heard() if self.captions is not None else None
-        self.heard, self.words_wait_ms = heard, 0.0 if heard is not None else None
-        if self._decide(silence_ms, heard) or heard is None or heard.ready:
-            return
-        # The words do not cover the speech yet: this verdict is read again with them if they come within its
-        # check's slot, unless a later verdict of the pause is back by then (the next check is not held back).
-        heard = await self.captions.heard_within(self.eagerness.recheck_ms / 1000)
-        if pause == self._pause and verdicts == len(self._pause_scores) and heard.ready:
-            self.heard, self.words_wait_ms = heard, round((time.monotonic() - back) * 1000, 1)
-            self._decide(silence_ms, heard)
+        self._decide(silence_ms, heard)
 
-    def _decide(self, silence_ms: int, heard: Heard | None) -> bool:
-        """Whether the pause's verdicts so far, the latest asked for at `silence_ms`, with the caller's words
-        (where they cover the speech), end the turn; if so it ends (at EARLIEST_END_MS at the soonest)."""
+    def _decide(self, silence_ms: int, heard: Heard | None) -> None:
+        """The pause's verdicts so far, the latest asked for at `silence_ms`, with the caller's words where they
+        cover the speech, end the turn or not (at EARLIEST_END_MS at the soonest)."""
         words = ending(heard.text) if heard is not None and heard.ready else None
         if not self.eagerness.ends_turn(self._pause_scores, silence_ms, words):
-            return False
+            return
         if self._silence_ms >= EARLIEST_END_MS:
             self._on_complete()
         else:
             self._complete = True
-        return True

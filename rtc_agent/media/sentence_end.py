@@ -15,7 +15,8 @@ import re
 
 
 class Ending(enum.Enum):
-    FINISHED = "finished"  # sentence punctuation after a word that can end a sentence
+    QUESTION = "question"  # a question mark after a word that can end a question
+    FINISHED = "finished"  # a full stop or an exclamation mark after a word that can end a sentence
     UNFINISHED = "unfinished"  # no sentence punctuation, or a last word that does not end a sentence
     UNKNOWN = "unknown"  # no words, or only a greeting or a discourse marker ("Hello.", "So."): no evidence
 
@@ -25,15 +26,16 @@ _ARTICLES = "a an the"
 _CONJUNCTIONS = "and or but nor because although though whereas unless than if whether while until"
 _POSSESSIVES = "my your his her its our their every each"
 _FILLERS = "um uh er erm hmm"
-NEVER_AN_END = frozenset(" ".join((_ARTICLES, _CONJUNCTIONS, _POSSESSIVES, _FILLERS)).split())
-# Words a statement does not end on, though a question may ("Where does this train go to?", "Do you know what
-# time it is?", "What is that?", "Since when?", "Can you wake me up at seven?"): after them only a question mark
-# is an end.
+# Prepositions too, though a question may end on one ("Where does this train go to?"): the recogniser writes a
+# question mark after a question cut in its pause ("Can you find me a recipe for?", "Could you remind me to?").
 _PREPOSITIONS = ("to for of from in on at by into onto with without about between among through during before "
                  "after under over against toward towards across behind near like")
+NEVER_AN_END = frozenset(" ".join((_ARTICLES, _CONJUNCTIONS, _POSSESSIVES, _FILLERS, _PREPOSITIONS)).split())
+# Words a statement does not end on, though a question may ("Do you know what time it is?", "What is that?",
+# "Since when?", "Can you wake me up at seven?"): after them only a question mark is an end.
 _AUXILIARIES = "is are was were be been am do does did have has had will would shall should can could may might must"
 _PRONOUNS = "i we they he she who that this these which what when where how why so"
-QUESTION_END_ONLY = frozenset(" ".join((_PREPOSITIONS, _AUXILIARIES, _PRONOUNS)).split())
+QUESTION_END_ONLY = frozenset(" ".join((_AUXILIARIES, _PRONOUNS)).split())
 _NUMBERS = frozenset(("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
                       "sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety "
                       "hundred thousand million").split())  # a number may go on: "at seven" (…thirty)
@@ -55,7 +57,7 @@ def ending(text: str) -> Ending:
         return Ending.UNFINISHED
     if (last in QUESTION_END_ONLY or _is_number(last)) and "?" not in end.group():
         return Ending.UNFINISHED
-    return Ending.FINISHED
+    return Ending.QUESTION if "?" in end.group() else Ending.FINISHED
 
 
 def _is_number(word: str) -> bool:
