@@ -8,7 +8,7 @@ after 240-268 ms P50, and the media processes' event loops 22-27 ms late). On th
 turn 2.5 ms: verdicts after 7-8 ms, loops at most 5.5 ms late. Every verdict from here is not the default: these
 are not onnxruntime's verdicts, those the thresholds were chosen on (docs/turn-taking.md). With overflow a lone
 caller's verdicts stay onnxruntime's and a burst's come from here. The media processes send the turn's audio
-(remote.py) and wait for the verdict; the last words, where heard, stay on their CPUs.
+(remote.py) and wait for the verdict; the caller's words (the captions' recogniser) stay on their CPUs.
 
 The model is the same file onnxruntime runs, as torch ops (media/onnx_torch.py), features included, captured as a
 CUDA graph per batch size (about 700 kernels: launched one by one from Python they took 20 ms for one turn while
