@@ -37,8 +37,8 @@ from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# a round's stages, in order
 WARM_CAMERA = (288, 384)  # height, width: 640x480 scaled to fit the server's default video_max_side (384)
+# a round's stages, in order
 REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest, FrameRequest)
 
 
