@@ -14,9 +14,10 @@ for "Please remind me"): the `completed` transcript is the part's text, and the 
 provisional. The final starts at the part's first silent chunk (so it is usually ready by the time the pause is
 long enough to end the part, or the turn ends); speech coming back makes that one provisional.
 
-The recogniser runs on a few threads of the process's own (`CaptionPool`), at a nice value above everything
-else's: the caller's answer never waits for a caption. Finals go before provisionals, and a part has at most one
-provisional waiting: under load the deltas thin out first. Memory is bounded by the part (MAX_PART_S of audio).
+The recogniser runs on a few threads of the process's own (`CaptionPool`), on CPU time nothing else wants
+(`background_priority`): the caller's answer never waits for a caption. Finals go before provisionals, and a
+part has at most one provisional waiting: under load the deltas thin out first. Memory is bounded by the part
+(MAX_PART_S of audio).
 
 `Recognizer` is the one interface the captions need, so that another recogniser (a real Qwen3-Omni checkpoint's
 Thinker can transcribe) can take Moonshine's place.
