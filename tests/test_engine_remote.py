@@ -140,4 +140,4 @@ def test_a_connection_whose_writes_broke_reads_as_closed() -> None:
         assert await asyncio.wait_for(wire.read(reader), 10) is None
         writer.close()
 
-    asyncio.run(main())
+    run(main(), timeout_s=60)
