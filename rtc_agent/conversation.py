@@ -31,12 +31,12 @@ from typing import Any, Callable, Coroutine, Literal
 import numpy as np
 
 from .config import TurnSettings
-from .engine.memory import EngineOutOfMemory
-from .engine.options import PREPARE_AFTER_SILENCE_MS
-from .engine.session_protocol import EngineSession
+from .engine.model.memory import EngineOutOfMemory
+from .engine.scheduler.policy import PREPARE_AFTER_SILENCE_MS
+from .engine.ipc.session_protocol import EngineSession
 from .engine.events import (LIMITS, ResponseDone, SpeechFrame, TextDelta, ToolCallArguments, ToolCallDone,
                             ToolCallStarted)
-from .engine.tools import ToolSet
+from .engine.step.tools import ToolSet
 from .media.captions import CaptionPool, Captions, Transcription
 from .media.end_of_turn import EAGERNESS, EndOfTurnScorer, SemanticTurn
 from .media.outbound import PACKET_S, AnswerOutput, Playout

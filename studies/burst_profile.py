@@ -24,8 +24,8 @@ import time
 import numpy as np
 import torch
 
-from rtc_agent.engine.engine import Engine
 from rtc_agent.engine.options import EngineOptions, SessionOptions
+from rtc_agent.engine.session.engine import Engine
 
 
 def caller_audio(seconds: float, seed: int) -> np.ndarray:

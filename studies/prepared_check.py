@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from studies.burst_profile import caller_audio
-from rtc_agent.engine.engine import Engine
 from rtc_agent.engine.events import ResponseDone, SpeechFrame
 from rtc_agent.engine.options import EngineOptions, SessionOptions
+from rtc_agent.engine.session.engine import Engine
+from studies.burst_profile import caller_audio
 
 OPTIONS = SessionOptions(seed=7, max_answer_tokens=10, max_frames=12)  # seeded sampling: a lost draw shows
 

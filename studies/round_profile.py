@@ -12,11 +12,9 @@ import time
 
 import torch
 
-from rtc_agent.engine.engine import Engine
 from rtc_agent.engine.options import EngineOptions, SessionOptions
-from rtc_agent.engine.slots import PrefillRequest
-from rtc_agent.engine.talker import TalkerPrefillRequest
-
+from rtc_agent.engine.scheduler.policy import PrefillRequest, TalkerPrefillRequest
+from rtc_agent.engine.session.engine import Engine
 
 ON_GPU = torch.cuda.is_available()
 ACTIVITIES = [torch.profiler.ProfilerActivity.CUDA if ON_GPU else torch.profiler.ProfilerActivity.CPU]

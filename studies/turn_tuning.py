@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from rtc_agent.config import TurnSettings
-from rtc_agent.engine.turn_scoring import DeviceTurnModel
+from rtc_agent.engine.step.turn_scoring import DeviceTurnModel
 from rtc_agent.media import last_words
 from rtc_agent.media.end_of_turn import EAGERNESS, WINDOW_S, Eagerness, EndOfTurnModel
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES, SpeechProbability, TurnDetector
@@ -47,7 +47,8 @@ WORDS_MS = 90  # the last words come this long after the pause's first check (la
 def sentences(name: str, kinds: list[str], continuation: bool, voice: str) -> list[Sentence]:
     """A synthetic set's sentences (studies/turn_speech.py), or with "real" every real clip (of every kind)."""
     if name == "real":
-        from real_speech import KINDS as REAL_KINDS, real_set
+        from real_speech import KINDS as REAL_KINDS
+        from real_speech import real_set
 
         return real_set(list(REAL_KINDS), RATE)
     return speech_set(name, kinds, RATE, continuation, voice)
@@ -230,7 +231,7 @@ def main() -> None:
     p.add_argument("--voice", choices=VOICES, default="espeak-ng", help="the synthesizer that says the set")
     p.add_argument("--scorer", choices=("onnxruntime", "torch"), default="onnxruntime",
                    help="run the model as the media processes do (onnxruntime) or as the engine does on its GPU "
-                        "(torch ops: engine/turn_scoring.py; here on the CPU)")
+                        "(torch ops: engine/step/turn_scoring.py; here on the CPU)")
     p.add_argument("--shifts", default="0", help="score the mean of the verdicts on the turn less these many "
                    "samples at its end, comma-separated (the log-mel frame grid moves with them; 160 a frame)")
     p.add_argument("--cut", choices=("chunk", "speech-end"), default="chunk",

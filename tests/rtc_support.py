@@ -207,12 +207,12 @@ async def listening(app: web.Application, ssl_context: Any = None) -> AsyncItera
 
 @contextlib.asynccontextmanager
 async def hosted(engine_: Any) -> AsyncIterator[Any]:
-    """`engine_` served as the engine process serves its engine (engine/host.py), here on this test's event loop,
+    """`engine_` served as the engine process serves its engine (engine/ipc/host.py), here on this test's event loop,
     and the server's view of it: a RemoteEngine over the Unix socket. Every server test crosses the process
     split's boundary (records, pickling, the socket, request order), with the engine in this process so that it
     is loaded once."""
-    from rtc_agent.engine.host import EngineHost
-    from rtc_agent.engine.remote import RemoteEngine
+    from rtc_agent.engine.ipc.host import EngineHost
+    from rtc_agent.engine.ipc.remote import RemoteEngine
 
     with tempfile.TemporaryDirectory(prefix="rtc-agent-test-") as where:
         path = Path(where) / "engine.sock"

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from rtc_agent.engine.kernels import attention
-from rtc_agent.engine.kv_cache import StaticKVCache
-from rtc_agent.engine.stack import run_stack
-
 from engine_helpers import engine_for
+
+from rtc_agent.engine.model.kernels import attention
+from rtc_agent.engine.model.kv_cache import StaticKVCache
+from rtc_agent.engine.model.stack import run_stack
 
 
 @pytest.mark.parametrize("count, masked, rows", [(1, False, 1), (1, True, 1), (7, True, 1), (32, True, 1),

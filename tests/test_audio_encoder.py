@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from engine_helpers import caller_audio, engine_for
-from rtc_agent.engine import audio_input
+
+from rtc_agent.engine.step import audio_input
 from studies.checks import audio_encoder as check_audio_encoder
 
 # Mel frames per stretch (100 a second): a pause's short piece, whole and partial chunks, several callers' audio in

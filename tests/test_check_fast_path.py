@@ -6,12 +6,12 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-
-from studies.checks import fast_path as check_fast_path
-from rtc_agent.engine.engine import Engine
-from rtc_agent.engine.loader import load
-from rtc_agent.engine.options import EngineOptions
 from rtc_support import run  # a loop of its own: Playwright may hold the main thread's
+
+from rtc_agent.engine.model.loader import load
+from rtc_agent.engine.options import EngineOptions
+from rtc_agent.engine.session.engine import Engine
+from studies.checks import fast_path as check_fast_path
 
 
 def _replay(engine_for, audio, tokens, frames):

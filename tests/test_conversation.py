@@ -10,15 +10,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rtc_support import CALL_TOKENS, TOOLS, RecordingSession, engine, run, valid_call
 
 from rtc_agent.config import TurnSettings
 from rtc_agent.conversation import Conversation, ConversationError, State
 from rtc_agent.engine import SessionOptions
-from rtc_agent.engine.tools import Tool, ToolSet
+from rtc_agent.engine.step.tools import Tool, ToolSet
 from rtc_agent.media.end_of_turn import EndOfTurnModel, EndOfTurnScorer
 from rtc_agent.media.outbound import OutboundAudioTrack
 from rtc_agent.media.vad import CHUNK_MS, CHUNK_SAMPLES
-from rtc_support import CALL_TOKENS, TOOLS, RecordingSession, engine, run, valid_call
 
 pytestmark = pytest.mark.timeout(120)
 TURN = TurnSettings(turn_detection="server_vad", silence_ms=10 * CHUNK_MS, min_speech_ms=4 * CHUNK_MS,

@@ -14,19 +14,35 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from rtc_support import (
+    caller,
+    metric,
+    metrics_text,
+    needs_espeak,
+    restore_ice,  # noqa: F401  (autouse fixture)
+    run,
+    say,
+    server,
+)
 from transformers import WhisperFeatureExtractor
 
 from rtc_agent.client.microphone import RATE, load_audio
 from rtc_agent.config import TurnSettings, build_settings
 from rtc_agent.engine import Engine, EngineOptions
-from rtc_agent.engine.turn_scoring import DeviceTurnModel, TurnScoring, end_of_turn_mode
-from rtc_agent.media.end_of_turn import (EAGERNESS, SCORING_NICE, WIDE_THREADS, EndOfTurnModel, EndOfTurnScorer,
-                                         SemanticTurn, model_path, shared_scorer, windows)
-from rtc_agent.server.state import STATE
+from rtc_agent.engine.step.turn_scoring import DeviceTurnModel, TurnScoring, end_of_turn_mode
+from rtc_agent.media.end_of_turn import (
+    EAGERNESS,
+    SCORING_NICE,
+    WIDE_THREADS,
+    EndOfTurnModel,
+    EndOfTurnScorer,
+    SemanticTurn,
+    model_path,
+    shared_scorer,
+    windows,
+)
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
-
-from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import caller, metric, metrics_text, needs_espeak, run, say, server
+from rtc_agent.server.state import STATE
 
 pytestmark = [needs_espeak, pytest.mark.timeout(240)]
 QUESTION = "What is the weather like in Paris tomorrow?"
@@ -93,7 +109,7 @@ def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pau
 
 
 def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_its_quantization_noise() -> None:
-    """engine/turn_scoring.py runs the same int8 file as torch ops (media/onnx_torch.py; here on the CPU). Each
+    """engine/step/turn_scoring.py runs the same int8 file as torch ops (media/onnx_torch.py; here on the CPU). Each
     activation is rounded to its int8 grid, so float sums in another order move a value by a grid step now and
     then: onnxruntime's own fused kernels and its unfused reference differ by up to 0.08 on these turns. The
     features are made in torch too (audio_input.LogMel), as transformers' extractor makes them."""

@@ -7,13 +7,12 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
-from rtc_agent.engine import Engine, EngineFullError, graphs
-from rtc_agent.engine.audio_input import AudioRequest
+
+from rtc_agent.engine import Engine, EngineFullError
 from rtc_agent.engine.options import EngineOptions, SessionOptions
-from rtc_agent.engine.slots import PrefillRequest, TokenRequest
-from rtc_agent.engine.talker import TalkerPrefillRequest
+from rtc_agent.engine.scheduler.policy import AudioRequest, PrefillRequest, TalkerPrefillRequest, TokenRequest
+from rtc_agent.engine.step import graphs
 
 TOKENS, FRAMES = 6, 10
 

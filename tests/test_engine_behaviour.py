@@ -5,13 +5,12 @@ import json
 
 import numpy as np
 import pytest
-
-from rtc_agent.engine import (Engine, EngineOptions, ModelLoadError, SessionOptions, SpeechFrame, TurnTooLongError)
-from rtc_agent.engine.loader import load
-from rtc_agent.engine.tiny import tiny_checkpoint_dir
-
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from test_engine_equivalence import stock_generate
+
+from rtc_agent.engine import Engine, EngineOptions, ModelLoadError, SessionOptions, SpeechFrame, TurnTooLongError
+from rtc_agent.engine.model.loader import load
+from rtc_agent.engine.model.tiny import tiny_checkpoint_dir
 
 
 def test_second_turn_sees_the_first_and_matches_stock():

@@ -4,11 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from rtc_agent.engine import audio_input
-from rtc_agent.engine.code2wav import Code2WavRows, StreamingCode2Wav
-
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, recording_stock_codes, run
+
+from rtc_agent.engine.step import audio_input
+from rtc_agent.engine.step.code2wav import Code2WavRows, StreamingCode2Wav
 
 TOKENS, FRAMES = 10, 24  # the talker runs on after the text ends (tts_eos, then tts_pad)
 

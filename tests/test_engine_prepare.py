@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-
 from engine_helpers import caller_audio, engine_for, one_turn, run
+
 from rtc_agent.engine import SessionOptions
-from rtc_agent.engine.talker import TalkerRow
+from rtc_agent.engine.step.talker import TalkerRow
 
 OPTIONS = SessionOptions(seed=7, max_answer_tokens=6, max_frames=8)
 
@@ -109,7 +109,7 @@ def test_without_a_side_stream_each_frame_goes_out_before_the_next_token_is_made
     """On the CPU (no side stream for the Thinker) a step sends its frames before it makes the Thinker's next
     token, which is for the frame after: the first frame at a turn's end comes that much sooner, and every frame
     one step after the one before. The answers are the same (the tests above compare them with stock's)."""
-    from rtc_agent.engine import answer as answer_module
+    from rtc_agent.engine.step import answer as answer_module
 
     order: list[str] = []
     send_frames, start_tokens = answer_module._send_frames, answer_module._start_tokens
@@ -125,7 +125,7 @@ def test_a_preparation_ends_with_the_first_frame_and_the_answers_first_step_make
     """The round's last stage makes the prepared answers' first frames only: the Thinker token and the Talker step
     for their second frames, which every answer of the stage would wait for before its first frame could go out,
     come with the answer's first step. The answer is the same (the first test of this file)."""
-    from rtc_agent.engine import answer as answer_module
+    from rtc_agent.engine.step import answer as answer_module
 
     order: list[str] = []
     start_tokens = answer_module._start_tokens

@@ -1,4 +1,4 @@
-"""The engine across the process boundary (engine/host.py, engine/remote.py, engine/wire.py), on the real tiny
+"""The engine across the process boundary (engine/ipc/: host.py, remote.py, wire.py), on the real tiny
 engine: errors cross as the same exceptions and leave the session usable, a media process that goes away gives
 its slots back, and a process of another protocol version is refused."""
 from __future__ import annotations
@@ -8,12 +8,11 @@ import socket
 
 import numpy as np
 import pytest
+from rtc_support import engine, hosted, run
 
 from rtc_agent.engine import EngineFullError, ResponseDone, SessionOptions, SpeechFrame
-from rtc_agent.engine import wire
-from rtc_agent.engine.remote import RemoteEngine
-
-from rtc_support import engine, hosted, run
+from rtc_agent.engine.ipc import wire
+from rtc_agent.engine.ipc.remote import RemoteEngine
 
 OPTIONS = SessionOptions(max_answer_tokens=4, max_frames=3, seed=1)
 
@@ -116,11 +115,12 @@ def test_a_media_process_meets_the_engines_errors_without_importing_the_model_co
 
     probe = """
 import pickle, sys
-import rtc_agent.conversation, rtc_agent.engine.remote, rtc_agent.server.app
+import rtc_agent.conversation, rtc_agent.engine.ipc.remote, rtc_agent.server.app
 from rtc_agent.engine import EngineFullError, SessionOptions, TurnTooLongError
 for error in (EngineFullError("full"), TurnTooLongError("long")):
     assert type(pickle.loads(pickle.dumps(error))) is type(error)
-print(sorted(m for m in ("transformers", "rtc_agent.engine.engine", "rtc_agent.engine.context") if m in sys.modules))
+heavy = ("transformers", "rtc_agent.engine.session.engine", "rtc_agent.engine.session.context")
+print(sorted(m for m in heavy if m in sys.modules))
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -11,12 +11,12 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
-
 from engine_helpers import caller_audio, engine_for, run
+
 from rtc_agent.engine import ResponseDone, SessionOptions, SpeechFrame, TextDelta
 from rtc_agent.engine.bench import BENCH_TOOLS
 from rtc_agent.engine.events import ToolCallArguments, ToolCallDone, ToolCallStarted
-from rtc_agent.engine.tools import DEFAULT_MAX_ITEMS, DEFAULT_MAX_STRING, AnswerCalls, Tool, ToolSet, bounded
+from rtc_agent.engine.step.tools import DEFAULT_MAX_ITEMS, DEFAULT_MAX_STRING, AnswerCalls, Tool, ToolSet, bounded
 
 TOOLS = BENCH_TOOLS
 # schemas that leave strings and arrays open (no maxLength, maxItems): only the answer's budget bounds their calls

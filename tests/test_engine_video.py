@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from rtc_agent.engine import audio_input
-from rtc_agent.engine.vision_input import PIXEL_MEAN, PIXEL_STD, patchify
-
-from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
+from rtc_agent.engine.step import audio_input
+from rtc_agent.engine.step.vision_input import PIXEL_MEAN, PIXEL_STD, patchify
 
 TOKENS, FRAMES = 8, 12
 HEIGHT, WIDTH = 64, 96  # 2 x 3 merged tokens per second of video on the tiny model (16-pixel patches, 2x2 merge)

@@ -11,8 +11,8 @@ import pytest
 
 _CHECK = """
 import torch
-from rtc_agent.engine import loader
-from rtc_agent.engine.kernels import grouped, moe
+from rtc_agent.engine.model import loader
+from rtc_agent.engine.model.kernels import grouped, moe
 
 generator = torch.Generator().manual_seed(0)
 

@@ -1,4 +1,4 @@
-"""INT4 weights (engine/kernels/int4.py): the format, the quantized tiny model end to end, the synthetic model's
+"""INT4 weights (engine/model/kernels/int4.py): the format, the quantized tiny model end to end, the synthetic model's
 int4 fill, and the Triton kernels' arithmetic under Triton's CPU interpreter against dequantize-then-matmul."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from engine_helpers import caller_audio, engine_for, greedy, one_turn, run
-from rtc_agent.engine import loader, tiny
+
+from rtc_agent.engine.model import loader, tiny
+from rtc_agent.engine.model.kernels import int4
 from studies.checks import int4 as check_int4
-from rtc_agent.engine.kernels import int4
 
 
 @pytest.mark.parametrize("shape", [(40, 256), (3, 24, 384), (8, 64)])
@@ -97,8 +97,8 @@ def test_check_int4_reports_bounded_nonzero_errors(capsys):
 
 _INTERPRETER_CHECK = """
 import torch
-from rtc_agent.engine import loader
-from rtc_agent.engine.kernels import int4, moe
+from rtc_agent.engine.model import loader
+from rtc_agent.engine.model.kernels import int4, moe
 
 def rel(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()

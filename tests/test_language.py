@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import regex
 import torch
-
 from engine_helpers import engine_for, run
+
 from rtc_agent import language
 from rtc_agent.engine import SessionOptions
-from rtc_agent.engine.sampling import Sampling
-from rtc_agent.engine.tools import TokenMasks, ToolRuntime
+from rtc_agent.engine.step.sampling import Sampling
+from rtc_agent.engine.step.tools import TokenMasks, ToolRuntime
 
 WIDE = Sampling(temperature=1.0, top_k=0, top_p=1.0)  # the random model's draws over the whole vocabulary
 

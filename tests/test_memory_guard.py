@@ -11,14 +11,24 @@ import asyncio
 import aiohttp
 import pytest
 import torch
+from rtc_support import (
+    RecordingEngine,
+    caller,
+    metric,
+    metrics_text,
+    needs_espeak,
+    restore_ice,  # noqa: F401  (autouse fixture)
+    run,
+    say,
+    server,
+    wait_ready,
+)
 
 from rtc_agent.client.camera import SyntheticCamera
 from rtc_agent.client.microphone import Microphone
 from rtc_agent.client.peer import Call, CallError
-from rtc_agent.engine import MemoryUse, answer, audio_input
-
-from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
-from rtc_support import RecordingEngine, caller, metric, metrics_text, needs_espeak, run, say, server, wait_ready
+from rtc_agent.engine import MemoryUse
+from rtc_agent.engine.step import answer, audio_input
 
 pytestmark = [needs_espeak, pytest.mark.timeout(240)]
 GB = 10**9

@@ -1,4 +1,4 @@
-"""The single-token MoE path (rtc_agent/engine/kernels/moe.py) gives the library's MoE block output for one token.
+"""The single-token MoE path (rtc_agent/engine/model/kernels/moe.py) gives the library's MoE block output for one token.
 
 On the CPU the production hook keeps the library's path; what runs here is the same math: the plain-PyTorch
 formulation always, and the Triton kernels themselves under Triton's CPU interpreter where Triton is installed.
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rtc_agent.engine import loader
-from rtc_agent.engine.kernels import moe
+from rtc_agent.engine.model import loader
+from rtc_agent.engine.model.kernels import moe
 
 
 def _blocks(model):
@@ -90,7 +90,7 @@ _INTERPRETER_CHECK = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from test_moe import max_differences, skipped_rows_differences
-from rtc_agent.engine.kernels import moe
+from rtc_agent.engine.model.kernels import moe
 assert moe._KERNELS is not None
 paths = (lambda b, x: moe.moe_forward(b, x, moe.experts_triton), moe.fused_forward)  # library router; fused
 print(*skipped_rows_differences(moe.fused_forward), *skipped_rows_differences(moe.grouped_forward),

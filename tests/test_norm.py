@@ -1,4 +1,4 @@
-"""The fused RMSNorm (rtc_agent/engine/kernels/norm.py) gives the library's RMSNorm output.
+"""The fused RMSNorm (rtc_agent/engine/model/kernels/norm.py) gives the library's RMSNorm output.
 
 On the CPU the production hook keeps the library's path; what runs here is the same math: the plain-PyTorch
 formulation always, and the Triton kernel itself under Triton's CPU interpreter where Triton is installed.
@@ -17,8 +17,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeRMSNorm,
 )
 
-from rtc_agent.engine import loader
-from rtc_agent.engine.kernels import norm
+from rtc_agent.engine.model import loader
+from rtc_agent.engine.model.kernels import norm
 
 # q_norm / k_norm see [B, T, heads, head_dim]; the others [B, T, hidden]
 SHAPES = ((1, 1, None), (1, 5, None), (2, 3, None), (1, 1, 4, None), (1, 7, 3, None))
@@ -87,7 +87,7 @@ _INTERPRETER_CHECK = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from test_norm import max_differences
-from rtc_agent.engine.kernels import norm
+from rtc_agent.engine.model.kernels import norm
 assert norm._KERNEL is not None
 print(*(max(max_differences(dtype, norm.rms_norm_triton)) for dtype in (torch.float32, torch.bfloat16)))
 weight, x = 1.0 + torch.randn(64), torch.randn(3, 2, 64).to(torch.bfloat16)  # fp32 weight, bf16 input: fp32 out

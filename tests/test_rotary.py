@@ -1,4 +1,4 @@
-"""The fused attention inputs (engine/kernels/rotary.py) give the library's attention: the same layer outputs and
+"""The fused attention inputs (engine/model/kernels/rotary.py) give the library's attention: the same layer outputs and
 the same keys and values in the cache, for every decoder stack of the tiny model, in a graph-mode step.
 
 On the CPU the production hook keeps the library's path; what runs here is the same function with the plain-PyTorch
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rtc_agent.engine import loader
-from rtc_agent.engine.kernels import rotary
-from rtc_agent.engine.kv_cache import StaticKVCache
-from rtc_agent.engine.stack import run_stack
+from rtc_agent.engine.model import loader
+from rtc_agent.engine.model.kernels import rotary
+from rtc_agent.engine.model.kv_cache import StaticKVCache
+from rtc_agent.engine.model.stack import run_stack
 
 
 def _stacks(model):
@@ -125,7 +125,7 @@ _INTERPRETER_CHECK = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from test_rotary import max_differences
-from rtc_agent.engine.kernels import rotary
+from rtc_agent.engine.model.kernels import rotary
 assert rotary._KERNEL is not None
 for dtype in (torch.float32, torch.bfloat16):
     print(max(max_differences(dtype, rotary.rotary_triton).values()))

@@ -1,4 +1,4 @@
-"""The fused draw (rtc_agent/engine/sampling.py, `sample_triton`) picks what `sample_torch` picks: the same
+"""The fused draw (rtc_agent/engine/step/sampling.py, `sample_triton`) picks what `sample_torch` picks: the same
 temperature, top-k and top-p cuts and the same Gumbel-max draw, for the Talker's and the code predictor's
 vocabularies. The kernel runs on the CPU under Triton's interpreter (on short rows: it sorts slowly there)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from rtc_agent.engine.sampling import Sampling, choose, gumbel_noise, gumbel_rows, sample_torch
+from rtc_agent.engine.step.sampling import Sampling, choose, gumbel_noise, gumbel_rows, sample_torch
 
 SETTINGS = (Sampling(temperature=1.0, top_k=50, top_p=0.8), Sampling(temperature=0.9, top_k=50),
             Sampling(temperature=0.7, top_p=0.5), Sampling(temperature=1.3))
@@ -55,8 +55,8 @@ def test_fused_is_not_taken_off_cuda():
 
 _INTERPRETER_CHECK = """
 import torch
-from rtc_agent.engine import sampling
-from rtc_agent.engine.sampling import Sampling, gumbel_noise, sample_torch, sample_triton
+from rtc_agent.engine.step import sampling
+from rtc_agent.engine.step.sampling import Sampling, gumbel_noise, sample_torch, sample_triton
 assert sampling._KERNEL is not None
 settings = {settings}
 generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""One session interface (engine/session_protocol.py): the in-process session, the remote client and the engine
+"""One session interface (engine/ipc/session_protocol.py): the in-process session, the remote client and the engine
 process's dispatch agree with it. Each method of `EngineSession` has the same parameters on `engine.Session` and
 `RemoteSession`, crosses as `SESSION_CALLS` says, and reaches the session by its own name with its own arguments;
 the host dispatches exactly the engine requests and notices the protocol names."""
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from rtc_support import hosted, run
 
-from rtc_agent.engine import host
-from rtc_agent.engine.engine import Session
 from rtc_agent.engine.events import TextDelta
+from rtc_agent.engine.ipc import host
+from rtc_agent.engine.ipc.remote import RemoteSession
+from rtc_agent.engine.ipc.session_protocol import ENGINE_CALLS, NOTICES, SESSION_CALLS, Crossing, EngineSession
 from rtc_agent.engine.options import SessionOptions
-from rtc_agent.engine.remote import RemoteSession
-from rtc_agent.engine.session_protocol import ENGINE_CALLS, NOTICES, SESSION_CALLS, Crossing, EngineSession
+from rtc_agent.engine.session.engine import Session
 
 METHODS = sorted(name for name, value in vars(EngineSession).items() if callable(value) and not name.startswith("_"))
 

@@ -9,7 +9,8 @@ import threading
 import time
 from collections.abc import Generator
 
-from rtc_agent.engine.worker import CRITICAL_LEAD_S, JOB_SLICE_S, MIN_LEAD_S, NORMAL, URGENT, Worker
+from rtc_agent.engine.scheduler.policy import CRITICAL_LEAD_S, JOB_SLICE_S, MIN_LEAD_S, NORMAL, URGENT
+from rtc_agent.engine.scheduler.worker import Worker
 
 
 class Behind:

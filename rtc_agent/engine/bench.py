@@ -14,15 +14,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..loop_lag import LoopLag
-from . import audio_input, sampling
-from .kernels import attention, moe, norm, rotary
-from .engine import Engine
-from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, ToolCallDone
-from .options import PREPARE_AFTER_SILENCE_MS, QUANTIZE_CHOICES, EngineOptions, SessionOptions
 from .. import language as languages
-from .tools import AnswerCalls, Tool, ToolSet
-from .graphs import rows_for
+from ..loop_lag import LoopLag
+from .events import INPUT_SAMPLE_RATE, ResponseDone, SpeechFrame, ToolCallDone
+from .model.kernels import attention, moe, norm, rotary
+from .options import QUANTIZE_CHOICES, EngineOptions, SessionOptions
+from .scheduler.policy import PREPARE_AFTER_SILENCE_MS
+from .session.engine import Engine
+from .step import audio_input, sampling
+from .step.graphs import rows_for
+from .step.tools import AnswerCalls, Tool, ToolSet
 
 FRAME_S = 0.08
 # Five kinds of schema a car or phone assistant offers (enums and bounded numbers, arrays, a nested object, bounded

@@ -4,13 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .. import language as languages
-from .sampling import Sampling
-from .tools import ToolSet
+from .step.sampling import Sampling
+from .step.tools import ToolSet
 
 VOICES = ("chelsie", "ethan", "aiden")
 QUANTIZE_CHOICES = ("none", "int4", "auto")  # weight-only INT4 (int4.py): never, always, where bf16 would not fit
 END_OF_TURN_CHOICES = ("auto", "media", "overflow", "engine")  # where Smart Turn runs (EngineOptions.end_of_turn)
-PREPARE_AFTER_SILENCE_MS = 160  # a call server prepares the answer after a pause this long (commas pause 96-160 ms)
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly, in a friendly spoken style."
 
 # The release's sampling defaults: the Talker's come from `Qwen3OmniMoeForConditionalGeneration.generate`

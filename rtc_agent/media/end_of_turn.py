@@ -17,7 +17,7 @@ verdicts, and one whose words could end a sentence is ended by them at a lower P
 
 Scoring runs on a small thread pool, never on the event loop: onnxruntime with one thread per decision, or two
 for the decision of a process's only call (WIDE_THREADS), at a lower CPU priority than the rest (SCORING_NICE).
-The engine can score turns too, the same file on its GPU for every call at once (engine/turn_scoring.py, with
+The engine can score turns too, the same file on its GPU for every call at once (engine/step/turn_scoring.py, with
 `windows`): with the server's --end-of-turn-on engine every verdict comes from there, and with its default on a GPU
 (overflow) those a process asks for while one of its own is under way (`EndOfTurnScorer.local`); the one under
 way is then asked of the engine too, and whichever verdict comes first is taken.

@@ -30,7 +30,7 @@ from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from ..config import Settings
-from ..engine.remote import RemoteEngine
+from ..engine.ipc.remote import RemoteEngine
 from ..loop_lag import watched_process
 from .errors import UNREADABLE_BODY, ApiError, unreadable_body
 from .guard import bearer, read_body

@@ -20,7 +20,7 @@ class Metrics:
         self.end_of_turn_wait_ms = Histogram(
             "rtc_agent_end_of_turn_wait_ms", "Silence after the caller's speech before the turn was ended, by the "
             "turn detection that ended it", ["type"], buckets=LATENCY_BUCKETS_MS, registry=r)
-        # GPU memory, read live (engine/memory.py says what counts); all three are 0 without a GPU
+        # GPU memory, read live (engine/model/memory.py says what counts); all three are 0 without a GPU
         self.gpu_used_gb = Gauge("gpu_memory_used_gb", "GPU memory in use: the engine's tensors plus what is used "
                                  "outside PyTorch's allocator (0: no GPU)", registry=r)
         self.gpu_total_gb = Gauge("gpu_memory_total_gb", "GPU memory this process may use: the GPU's, times "

@@ -1,10 +1,10 @@
 """`rtc-agent serve` as processes by role, the way large serving stacks split an API front from an engine core:
 
 - the engine process: the model, its slots, the scheduler and the CUDA worker, serving sessions on a Unix socket
-  (engine/host.py) and doing nothing else;
+  (engine/ipc/host.py) and doing nothing else;
 - media processes: the calls (aiortc peers, Opus in and out, resampling, VAD, end-of-turn scoring, the
   conversation, the data channel), each an ordinary server (app.py) whose engine is the engine process
-  (engine/remote.py), several calls each;
+  (engine/ipc/remote.py), several calls each;
 - the front (front.py): the public port, routing each request to the media process that holds its call.
 
 One Python process cannot feed a GPU: every call's per-packet work and the engine's kernel launches share one GIL
@@ -98,7 +98,7 @@ def engine_main(settings: Settings, socket: str) -> None:
         log.info("the engine process runs at the normal CPU priority (a higher one needs root or CAP_SYS_NICE)")
 
     async def main() -> None:
-        from ..engine.host import serve_engine
+        from ..engine.ipc.host import serve_engine
         from ..loop_lag import freeze_startup_objects
         from .app import load_engine
 
@@ -129,7 +129,7 @@ def media_main(settings: Settings, mark: str, socket: str, engine_socket: str, r
     torch.set_num_threads(1)
 
     async def main() -> int:
-        from ..engine.remote import RemoteEngine
+        from ..engine.ipc.remote import RemoteEngine
         from .app import serve
 
         engine = await RemoteEngine(engine_socket, mark).connect(ENGINE_WAIT_S)
@@ -225,7 +225,7 @@ class Supervisor:
 async def serve_split(settings: Settings, count: int) -> int:
     """Runs the front until SIGINT (0), or SIGTERM and the drain of every media process (0), or until the engine
     fails to load (1)."""
-    from ..engine.remote import RemoteEngine
+    from ..engine.ipc.remote import RemoteEngine
     from ..loop_lag import freeze_startup_objects
     from .app import AccessLogger
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from .. import language as languages
 from ..config import EAGERNESS_LEVELS, VOICES, TurnSettings
-from ..engine.tools import CHOICES, MAX_TOOLS, Tool, ToolSet
+from ..engine.step.tools import CHOICES, MAX_TOOLS, Tool, ToolSet
 from ..media import moonshine
 from ..media.captions import Transcription
 from . import json_input

@@ -20,7 +20,7 @@ from typing import Any, Callable, Literal
 
 from ..config import TurnSettings
 from ..conversation import Conversation, ConversationError
-from ..engine.tools import ToolSet
+from ..engine.step.tools import ToolSet
 from ..media.captions import Transcription
 from ..media.outbound import PACKET_S
 from ..media.pcm import PCM_RATE

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from ..engine.tools import ToolSet
+from ..engine.step.tools import ToolSet
 from ..media.captions import Transcription
 from .errors import UNREADABLE_BODY, unreadable_body
 from .guard import bearer

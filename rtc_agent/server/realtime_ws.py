@@ -13,7 +13,7 @@ from aiohttp import WSMsgType, web
 
 from ..config import Settings
 from ..conversation import Conversation
-from ..engine.session_protocol import EngineSession
+from ..engine.ipc.session_protocol import EngineSession
 from ..media.captions import CaptionPool
 from ..media.end_of_turn import EndOfTurnScorer
 from ..media.pcm import PacedPcmOutput, PcmInput

@@ -15,7 +15,7 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from ..config import Settings
 from ..conversation import Conversation, ConversationError
-from ..engine.session_protocol import EngineSession
+from ..engine.ipc.session_protocol import EngineSession
 from ..media.captions import CaptionPool, Transcription
 from ..media.end_of_turn import EndOfTurnScorer
 from ..media.inbound import PeerSilent, audio_chunks

@@ -11,8 +11,8 @@ from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from ..config import Settings
-from ..engine.session_protocol import EngineSession
-from ..engine.remote import RemoteEngine, RemoteSession
+from ..engine.ipc.session_protocol import EngineSession
+from ..engine.ipc.remote import RemoteEngine, RemoteSession
 from ..media.captions import Transcription
 from ..media.ice import rtc_configuration
 from ..media.inbound import use_low_latency_audio

@@ -22,8 +22,9 @@ from transformers import WhisperFeatureExtractor
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
 
-from rtc_agent.engine import audio_input, tiny
 from rtc_agent.engine.events import INPUT_SAMPLE_RATE
+from rtc_agent.engine.model import tiny
+from rtc_agent.engine.step import audio_input
 
 PASSES = [[37], [99], [99] * 8, [250, 37, 163], [1000], [1000, 3, 420], [900, 900]]  # mel frames per stretch
 

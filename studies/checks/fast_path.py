@@ -30,19 +30,18 @@ import math
 
 import numpy as np
 import torch
-
 from torch.nn.attention import sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rtc_agent.engine import slots as slots_module
-from rtc_agent.engine import talker as talker_module
-from rtc_agent.engine.engine import Engine
-from rtc_agent.engine.kernels import attention
 from rtc_agent.engine.events import ResponseDone, SpeechFrame
-from rtc_agent.engine.loader import load
+from rtc_agent.engine.model.kernels import attention
+from rtc_agent.engine.model.loader import load
 from rtc_agent.engine.options import EngineOptions, SessionOptions
-from rtc_agent.engine.sampling import penalised_scores
+from rtc_agent.engine.scheduler import slots as slots_module
+from rtc_agent.engine.session.engine import Engine
+from rtc_agent.engine.step import talker as talker_module
+from rtc_agent.engine.step.sampling import penalised_scores
 
 
 async def _answer(engine: Engine, audio: np.ndarray, tokens: int, frames: int):

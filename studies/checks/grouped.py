@@ -30,8 +30,9 @@ import json
 import torch
 import torch.nn.functional as F
 
-from rtc_agent.engine import tiny
-from rtc_agent.engine.kernels import grouped, int4, moe
+from rtc_agent.engine.model import tiny
+from rtc_agent.engine.model.kernels import grouped, int4, moe
+
 from .moe import graph_time_us
 
 DENSE_TILES = list(itertools.product((64, 128), (64, 128), (4, 8), (3, 4)))  # BLOCK_N, BLOCK_K, warps, stages

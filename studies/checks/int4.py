@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from rtc_agent.engine.kernels import int4, moe
-from rtc_agent.engine.loader import load
+from rtc_agent.engine.model.kernels import int4, moe
+from rtc_agent.engine.model.loader import load
+
 from .moe import graph_time_us, sweep_tiles
 
 

@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from rtc_agent.engine.kernels import moe
-from rtc_agent.engine.kernels.int4 import Int4Experts
-from rtc_agent.engine.loader import load
+from rtc_agent.engine.model.kernels import moe
+from rtc_agent.engine.model.kernels.int4 import Int4Experts
+from rtc_agent.engine.model.loader import load
 
 
 def graph_time_us(fn, reps: int = 30, rounds: int = 1) -> float:
@@ -243,8 +243,8 @@ def talker_forced_check(model, steps: int = 32, prefix: int = 8) -> dict:
 
 async def _session_stages(loaded, fast_moe: bool) -> dict:
     from rtc_agent.engine.bench import _caller_turn, _stage_times, _system_prompt
-    from rtc_agent.engine.engine import Engine
     from rtc_agent.engine.options import EngineOptions, SessionOptions
+    from rtc_agent.engine.session.engine import Engine
 
     engine = Engine(loaded, EngineOptions(model=loaded.name, max_answer_tokens=16, max_frames=16, fast_moe=fast_moe))
     session = engine.new_session(SessionOptions(instructions=_system_prompt(engine.tokenizer, 200), seed=0,
@@ -266,8 +266,8 @@ async def _profile_thinker_step(loaded, steps: int = 3) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from rtc_agent.engine.bench import _caller_turn
-    from rtc_agent.engine.engine import Engine
     from rtc_agent.engine.options import EngineOptions, SessionOptions
+    from rtc_agent.engine.session.engine import Engine
 
     engine = Engine(loaded, EngineOptions(model=loaded.name, max_answer_tokens=16, max_frames=16, cuda_graphs=False))
     session = engine.new_session(SessionOptions(seed=0, max_answer_tokens=4, max_frames=4))

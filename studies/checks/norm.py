@@ -23,8 +23,9 @@ import json
 import torch
 import torch.nn.functional as F
 
-from rtc_agent.engine import tiny
-from rtc_agent.engine.kernels import norm
+from rtc_agent.engine.model import tiny
+from rtc_agent.engine.model.kernels import norm
+
 from .moe import graph_time_us
 
 STACKS = {"thinker": "thinker.", "talker": "talker.model.", "code_predictor": "talker.code_predictor.",

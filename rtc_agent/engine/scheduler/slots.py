@@ -18,17 +18,29 @@ from typing import Any
 
 import torch
 
-from .code2wav import Code2WavRows, StreamingCode2Wav
-from .events import FRAME_SAMPLES
-from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
-                     batch_sizes, begin_rows, commit_rows, rows_for, to_device)
-from .kernels import moe
-from .kv_cache import StaticKVCache
-from .memory import free_bytes
-from .sampling import Sampling, choose, draw_groups, fused_active, gumbel_rows
-from .stack import run_stack
-from .talker import Talker, TalkerRow
-from .tools import Constraint, TokenMasks
+from ..events import FRAME_SAMPLES
+from ..model.kernels import moe
+from ..model.kv_cache import StaticKVCache
+from ..model.memory import free_bytes
+from ..model.stack import run_stack
+from ..step.code2wav import Code2WavRows, StreamingCode2Wav
+from ..step.graphs import (
+    VIDEO_PREFILL_POSITIONS,
+    BatchedPrefill,
+    CapturedStep,
+    DeviceCopy,
+    HostCopy,
+    PaddedPrefill,
+    batch_sizes,
+    begin_rows,
+    commit_rows,
+    rows_for,
+    to_device,
+)
+from ..step.sampling import Sampling, choose, draw_groups, fused_active, gumbel_rows
+from ..step.talker import Talker, TalkerRow
+from ..step.tools import Constraint, TokenMasks
+from .policy import PrefillRequest, TokenRequest
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +69,7 @@ def estimated_slot_bytes(options) -> float:
     model is loaded: for `quantize="auto"`."""
     from transformers import Qwen3OmniMoeConfig
 
-    from .tiny import released_config_dict
+    from ..model.tiny import released_config_dict
     config = Qwen3OmniMoeConfig(**released_config_dict())
     return _slot_bytes(config, options, torch.bfloat16, not options.text_only) * SLOT_OVERHEAD
 
@@ -108,31 +120,6 @@ class Slot:
             self.talker.reset()
             self.code2wav.reset()
         self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
-
-
-@dataclass
-class PrefillRequest:
-    """A short Thinker prefill at the end of one slot's context (`graphs.short_prefill_fits`). A session's job
-    hands it to the worker (`yield`), which runs the requests of several sessions as one batched step
-    (`SlotPool.prefill`) and sends back (hidden, captured)."""
-
-    slot: Slot
-    embeds: torch.Tensor  # [1, T, hidden]
-
-
-@dataclass
-class TokenRequest:
-    """The first token of an answer, chosen from the Thinker's hidden state at the end of its prefill (`hidden`
-    [1, hidden] or [1, 1, hidden]) under the session's sampling with its slot's generator; `allowed`: the tokens a
-    function call's grammar lets it start with (`TokenMasks` words [1, words]; None: any). The worker chooses the
-    tokens of every session in a round at once (`SlotPool.first_tokens`: one lm_head, one draw, one copy back)
-    and sends back a `FirstToken`."""
-
-    hidden: torch.Tensor
-    sampling: Sampling
-    generator: torch.Generator
-    allowed: torch.Tensor | None = None
-    talker_prefix: torch.Tensor | None = None  # where the Talker may speak it: `Engine.answer_prefix` of its voice
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .kv_cache import StaticKVCache
+from ..model.kv_cache import StaticKVCache
 
 
 def batch_sizes(slots: int) -> list[int]:

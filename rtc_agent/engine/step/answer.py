@@ -12,17 +12,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from .events import Event, ResponseDone, SpeechFrame, TextDelta
-from .tools import AnswerCalls, Constraint
+from ..events import Event, ResponseDone, SpeechFrame, TextDelta
+from ..scheduler.slots import SlotPool
 from .graphs import rows_for, to_device
 from .sampling import Sampling, gumbel_rows
-from .slots import SlotPool
+from .tools import AnswerCalls, Constraint
 
 FRAME_S = 0.08  # one codec frame of speech
 
@@ -185,18 +185,6 @@ def speak(pool: SlotPool, answers: list[Answer], first: bool = False) -> None:
         groups.setdefault(_sampling_key(answer), []).append(answer)
     for group in groups.values():
         _frames(pool, group, first)
-
-
-@dataclass(frozen=True)
-class FrameRequest:
-    """A prepared answer's first frame (`CallContext.prepare_answer`): the worker makes the first frames of every
-    answer prepared in a round in one batched step (`speak`), the last stage of the round. Only the frame: on the
-    H200 the stage took 42 ms for 24 answers with the Thinker token and Talker step for their second frames, which
-    every one of them waited for before its first could go out; their first step makes those, as it would have
-    waited for this stage's anyway (the stage 42 -> 11 ms of GPU for 24 answers; docs/performance.md, "Many callers
-    at once")."""
-
-    answer: Answer
 
 
 def _sampling_key(answer: Answer) -> tuple[Sampling, ...]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .kernels.triton_support import tl, triton
+from ..model.kernels.triton_support import tl, triton
 
 
 @dataclass(frozen=True)

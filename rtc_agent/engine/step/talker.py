@@ -9,23 +9,24 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .graphs import (VIDEO_PREFILL_POSITIONS, BatchedPrefill, CapturedStep, DeviceCopy, HostCopy, PaddedPrefill,
-                     begin_rows, commit_rows, rows_for, short_prefill_fits, to_device)
-from .kernels import moe
-from .kv_cache import StaticKVCache
+from ..model.kernels import moe
+from ..model.kv_cache import StaticKVCache
+from ..model.stack import FixedStep, explicit_positions, run_stack
+from ..scheduler.policy import TalkerPrefillRequest
+from .graphs import (
+    VIDEO_PREFILL_POSITIONS,
+    BatchedPrefill,
+    CapturedStep,
+    DeviceCopy,
+    HostCopy,
+    PaddedPrefill,
+    begin_rows,
+    commit_rows,
+    rows_for,
+    short_prefill_fits,
+    to_device,
+)
 from .sampling import Sampling, choose, draw_groups, gumbel_rows
-from .stack import FixedStep, explicit_positions, run_stack
-
-
-@dataclass
-class TalkerPrefillRequest:
-    """A short Talker prefill at the end of one slot's Talker context (`graphs.short_prefill_fits`): a user part,
-    or an answer's assistant prefix. A session's job hands it to the worker (`yield`), which runs those of several
-    sessions as one batched step (`Talker.prefill`) and sends back (hidden, logits)."""
-
-    row: "TalkerRow"
-    embeds: torch.Tensor  # [1, T, hidden]
-    draw: "CodeDraw | None" = None  # an answer's prefix: its first code 0 is chosen after it (`Talker.first_codes`)
 
 
 @dataclass(frozen=True)

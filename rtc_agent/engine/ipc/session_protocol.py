@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .events import INPUT_SAMPLE_RATE, Event
-from .options import SessionOptions
+from ..events import INPUT_SAMPLE_RATE, Event
+from ..options import SessionOptions
 
 
 class Crossing(enum.Enum):

@@ -1,4 +1,4 @@
-"""The media side of the process split: an engine in another process (engine/host.py), used as the server uses an
+"""The media side of the process split: an engine in another process (engine/ipc/host.py), used as the server uses an
 `Engine` in its own process. `RemoteEngine` is one connection per media process; `RemoteSession` one call on it,
 with the methods a conversation needs (session_protocol.EngineSession), each crossing as
 session_protocol.SESSION_CALLS says and run by the engine as the in-process session would. If the engine process
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from ..events import INPUT_SAMPLE_RATE, Event
+from ..model.memory import MemoryUse
+from ..options import SessionOptions
 from . import wire
-from .events import INPUT_SAMPLE_RATE, Event
-from .memory import MemoryUse
-from .options import SessionOptions
 
 log = logging.getLogger(__name__)
 STATUS_EVERY_S = 0.5  # the engine's description, memory and free slots are read this often

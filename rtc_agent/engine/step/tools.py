@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 import torch
 
-from .. import language as languages
-from .events import ToolCallArguments, ToolCallDone, ToolCallStarted
+from ... import language as languages
+from ..events import ToolCallArguments, ToolCallDone, ToolCallStarted
 from .graphs import DeviceCopy, to_device
 
 if TYPE_CHECKING:

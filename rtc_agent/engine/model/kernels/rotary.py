@@ -28,8 +28,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from . import fast_path
 from ..kv_cache import StaticKVCache, write_rows
+from . import fast_path
 from .triton_support import rounded, tl, triton
 
 # The library's attention classes in modeling_qwen3_omni_moe: the Thinker's and Talker's text stacks, the code

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-
 BUFFER_ALIGN = 64  # buffer lengths in positions: a graphed step's attention multiplies over the whole buffer, and
 # matrix products whose length is not a multiple of 8 lose cuBLAS's fast kernels (docs/performance.md)
 

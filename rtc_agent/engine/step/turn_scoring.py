@@ -29,8 +29,8 @@ import time
 import numpy as np
 import torch
 
-from ..media.end_of_turn import RATE, WINDOW_S, model_installed, model_path, windows
-from ..media.onnx_torch import TorchGraph
+from ...media.end_of_turn import RATE, WINDOW_S, model_installed, model_path, windows
+from ...media.onnx_torch import TorchGraph
 from .audio_input import LogMel
 from .graphs import CapturedStep, HostCopy
 

@@ -1,4 +1,4 @@
-"""The records that cross between the engine process and the media processes (engine/host.py, engine/remote.py).
+"""The records that cross between the engine process and the media processes (engine/ipc/host.py, engine/ipc/remote.py).
 
 Each record is a frozen dataclass, pickled (protocol 5) behind a 4-byte length, over a Unix socket in a directory
 only the server's user can read: both ends are the same program, so pickle is a format, not a trust boundary.

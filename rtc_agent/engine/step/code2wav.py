@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-    Qwen3OmniMoeCausalConvNet, Qwen3OmniMoeCausalTransConvNet, Qwen3OmniMoeCode2WavDecoderBlock,
-    Qwen3OmniMoeCode2WavDecoderResidualUnit)
+    Qwen3OmniMoeCausalConvNet,
+    Qwen3OmniMoeCausalTransConvNet,
+    Qwen3OmniMoeCode2WavDecoderBlock,
+    Qwen3OmniMoeCode2WavDecoderResidualUnit,
+)
 
+from ..model.kv_cache import StaticKVCache
+from ..model.stack import run_stack
 from .graphs import CapturedStep, DeviceCopy, batch_sizes, begin_rows, commit_rows, replay_at, to_device
-from .kv_cache import StaticKVCache
-from .stack import run_stack
 
 UPSAMPLER_CONTEXT_FRAMES = 6  # the upsampler's receptive field in frames: 6 is exact (1e-8), 4 is not (4e-5)
 

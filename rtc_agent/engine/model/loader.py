@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
+from ..options import QUANTIZE_CHOICES
 from . import tiny
 from .kernels import int4
 from .memory import cap_process_memory, free_bytes
-from .options import QUANTIZE_CHOICES
 from .weights import fill_parameter, fill_random, recompute_buffers
 
 log = logging.getLogger(__name__)

@@ -19,27 +19,36 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from . import audio_input, vision_input
-from .kernels import attention, moe, norm, rotary
-from .answer import Answer, FrameRequest, speak, tick
+from ..errors import EngineFullError
+from ..events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
+from ..model.kernels import attention, moe, norm, rotary
+from ..model.loader import LoadedModel, load
+from ..model.memory import EngineOutOfMemory, MemoryUse, read_memory
+from ..options import EngineOptions, SessionOptions
+from ..scheduler.policy import (
+    NORMAL,
+    REQUEST_STAGES,
+    URGENT,
+    AudioRequest,
+    FrameRequest,
+    PrefillRequest,
+    Request,
+    TalkerPrefillRequest,
+    TokenRequest,
+)
+from ..scheduler.slots import Slot, SlotPool, estimated_slot_bytes, slot_count
+from ..scheduler.worker import Worker
+from ..step import audio_input, vision_input
+from ..step.answer import Answer, speak, tick
+from ..step.graphs import batch_sizes, to_device
+from ..step.tools import ToolRuntime
+from ..step.turn_scoring import TurnScoring, end_of_turn_mode
 from .context import CallContext, TokenIds
-from .errors import EngineFullError
-from .events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
-from .graphs import batch_sizes, to_device
-from .loader import LoadedModel, load
-from .memory import EngineOutOfMemory, MemoryUse, read_memory
-from .options import EngineOptions, SessionOptions
-from .slots import PrefillRequest, Slot, SlotPool, TokenRequest, estimated_slot_bytes, slot_count
-from .talker import TalkerPrefillRequest
-from .tools import ToolRuntime
-from .turn_scoring import TurnScoring, end_of_turn_mode
-from .worker import NORMAL, URGENT, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WARM_CAMERA = (288, 384)  # height, width: 640x480 scaled to fit the server's default video_max_side (384)
 # a round's stages, in order
-REQUEST_STAGES = (audio_input.AudioRequest, PrefillRequest, TokenRequest, TalkerPrefillRequest, FrameRequest)
 
 
 class Engine:
@@ -122,14 +131,13 @@ class Engine:
         lm = self.model.thinker.model.language_model
         return self.project_text(lm.embed_tokens(to_device(torch.tensor(ids), self.device)))
 
-    def run_requests(self, requests: list[audio_input.AudioRequest | PrefillRequest | TokenRequest |
-                                          TalkerPrefillRequest | FrameRequest]) -> list[Any]:
+    def run_requests(self, requests: list[Request]) -> list[Any]:
         """A stage of the worker's round, results in order: every stretch of audio in one pass of the audio
         encoder, or every Thinker prefill in one batched step, or every answer's first token in one draw, or every
         Talker prefill in one batched step, or every prepared answer's first frame in one batched step (each
         session has at most one request in a stage; the worker runs them in `REQUEST_STAGES` order)."""
         results: list[Any] = [None] * len(requests)
-        kinds = [(audio_input.AudioRequest, self._encode), (PrefillRequest, self.pool.prefill),
+        kinds = [(AudioRequest, self._encode), (PrefillRequest, self.pool.prefill),
                  (TokenRequest, self.pool.first_tokens)]
         if self.pool.talker is not None:
             kinds += [(TalkerPrefillRequest, self.pool.talker.prefill), (FrameRequest, self._first_frames)]
@@ -144,7 +152,7 @@ class Engine:
         speak(self.pool, [r.answer for r in requests], first=True)
         return [None] * len(requests)
 
-    def _encode(self, requests: list[audio_input.AudioRequest]) -> list[torch.Tensor]:
+    def _encode(self, requests: list[AudioRequest]) -> list[torch.Tensor]:
         return self.audio_encoder(self.log_mel.many([r.samples for r in requests]))
 
     def speaker_id(self, voice: str) -> int:

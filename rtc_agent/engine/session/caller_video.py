@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from . import vision_input
+from ..step import vision_input
 
 Frame = tuple[float, np.ndarray]  # (media-clock time in seconds, RGB uint8 [H, W, 3] at a patch-aligned size)
 

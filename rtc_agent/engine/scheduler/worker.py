@@ -46,19 +46,11 @@ from typing import Any
 
 import torch
 
-from .answer import Answer
-from .memory import EngineOutOfMemory
+from ..model.memory import EngineOutOfMemory
+from ..step.answer import Answer
+from .policy import CRITICAL_LEAD_S, JOB_SLICE_S, MIN_LEAD_S, NORMAL, URGENT
 
 log = logging.getLogger(__name__)
-
-URGENT, NORMAL = 0, 1
-MIN_LEAD_S = 0.24  # three frames: below this an answer's next frame goes before any job
-JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to its deadline
-# Below this lead an answer that is playing gets its next frame before the next stage of a round, not after the
-# round: a stage at 24 rows takes up to 40 ms (the Thinker prefill), a whole round of 21-24 preparations ~95 ms on
-# the H200, more than the 80 ms of lead an answer has after its first frame. Two answers that started just before
-# such a round were 18 ms late (a server's first burst of 24, `studies/device_loadtest.sh`).
-CRITICAL_LEAD_S = 0.05
 
 
 @dataclass(order=True)

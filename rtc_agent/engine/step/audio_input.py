@@ -12,16 +12,15 @@ with it for the GIL: 24-80 ms per pass, during which no batched frame is started
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .events import INPUT_SAMPLE_RATE
+from ..events import INPUT_SAMPLE_RATE
+from ..model.kernels.attention import LONG_PREFILL_BACKENDS
 from .graphs import CapturedStep, to_device
-from .kernels.attention import LONG_PREFILL_BACKENDS
 
 MEL_HOP = 160  # samples per mel frame at 16 kHz (100 frames/s)
 
@@ -104,14 +103,6 @@ class LogMel:
             peak = log_spec.amax(dim=(1, 2), keepdim=True)
         log_spec = torch.maximum(log_spec, peak - 8.0)
         return (log_spec + 4.0) / 4.0
-
-
-@dataclass
-class AudioRequest:
-    """A stretch of caller audio to encode, as a session's job hands it to the worker (`yield`): the worker
-    encodes the requests of several sessions in one pass (`encode`) and sends back each one's output."""
-
-    samples: np.ndarray  # 16 kHz float32 mono (the round makes every request's log-mel at once: `LogMel.many`)
 
 
 def encode(tower, features: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -13,19 +13,20 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from . import audio_input, vision_input
-from .answer import Answer, FrameRequest
+from ..errors import TurnTooLongError
+from ..events import INPUT_SAMPLE_RATE, Event
+from ..model.memory import release_cached
+from ..model.stack import explicit_positions
+from ..options import SessionOptions
+from ..scheduler.policy import AudioRequest, FrameRequest, PrefillRequest, Request, TokenRequest
+from ..scheduler.slots import Slot
+from ..step import audio_input, vision_input
+from ..step.answer import Answer
+from ..step.graphs import short_prefill_fits, to_device
+from ..step.talker import UserPart
+from ..step.tools import AnswerCalls, system_text
 from .caller_video import CallerVideo
-from .errors import TurnTooLongError
-from .events import INPUT_SAMPLE_RATE, Event
-from .graphs import short_prefill_fits, to_device
 from .layout import Piece, TurnLayout
-from .memory import release_cached
-from .options import SessionOptions
-from .slots import PrefillRequest, Slot, TokenRequest
-from .stack import explicit_positions
-from .talker import TalkerPrefillRequest, UserPart
-from .tools import AnswerCalls, system_text
 
 
 @dataclass
@@ -119,8 +120,7 @@ class TokenIds:
 
 
 T = TypeVar("T")
-Prefilling = Generator[PrefillRequest | TalkerPrefillRequest | audio_input.AudioRequest | TokenRequest | FrameRequest,
-                       Any, T]  # see `CallContext`
+Prefilling = Generator[Request, Any, T]  # see `CallContext`
 
 
 class CallContext:
@@ -294,7 +294,7 @@ class CallContext:
 
     def _audio_piece(self, samples: np.ndarray) -> Prefilling[Piece]:
         """Encode a stretch of the turn's audio, with the video seconds that start in it."""
-        encoded = yield audio_input.AudioRequest(samples)
+        encoded = yield AudioRequest(samples)
         turn, per_second = self.turn, self.turn.layout.per_second
         seconds: list = []
         if turn.layout.video:

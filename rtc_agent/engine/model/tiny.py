@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..package_data import MODELS_DIR
+from ...package_data import MODELS_DIR
 
 RELEASED_CONFIG = MODELS_DIR / "qwen3-omni-30b-a3b-instruct.json"
 TINY_OVERRIDES = MODELS_DIR / "tiny.json"

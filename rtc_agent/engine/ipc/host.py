@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ..loop_lag import watched_process
+from ...loop_lag import watched_process
+from ..options import SessionOptions
+from ..session.engine import Engine, Session
 from . import wire
-from .engine import Engine, Session
-from .options import SessionOptions
 from .session_protocol import ENGINE_CALLS, NOTICES, SESSION_CALLS, Crossing
 
 log = logging.getLogger(__name__)
