@@ -13,7 +13,7 @@ With server_vad a fixed silence (silence_ms) ends the turn. With semantic_vad th
 turn at the first short silence and again as the silence goes on (media/end_of_turn.py); the turn ends at its
 first confident "complete", or after the eagerness's longest wait.
 
-Events go out through `send` as JSON-ready dicts named after OpenAI Realtime events.
+Events go out through `send` as typed events named after OpenAI Realtime events (conversation_events.py).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from typing import Any, Callable, Coroutine, Literal
 
 import numpy as np
 
+from . import conversation_events as said
 from .config import TurnSettings
 from .engine.model.memory import EngineOutOfMemory
 from .engine.scheduler.policy import PREPARE_AFTER_SILENCE_MS
@@ -132,7 +133,7 @@ class Conversation:
         self,
         session: EngineSession,
         track: AnswerOutput,
-        send: Callable[[dict[str, Any]], None],
+        send: Callable[[said.ConversationEvent], None],
         vad: Callable[[np.ndarray], float],
         turn: TurnSettings,
         on_answer: Callable[[dict[str, Any]], None] = lambda metrics: None,
@@ -241,7 +242,7 @@ class Conversation:
 
     def _speech_over(self, wait_ms: int) -> None:
         """The caller's speech ended `wait_ms` ago (the hang-over, or when the end-of-turn model said so)."""
-        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms - wait_ms, item_id=self._item_id)
+        self._emit(said.SpeechStopped(self._clock_ms - wait_ms, self._item_id))
         if self.turn.auto:
             self._end_turn(hangover_ms=wait_ms)
 
@@ -286,7 +287,7 @@ class Conversation:
         self._turn_confirmed = True
         if self._captions is not None:
             self._captions.confirm()
-        self._emit("input_audio_buffer.speech_started", audio_start_ms=self._speech_start_ms, item_id=self._item_id)
+        self._emit(said.SpeechStarted(self._speech_start_ms, self._item_id))
 
     def _push(self, chunks: list[Audio], end_of_turn_model: bool = True) -> None:
         """Chunks received one after the other (a run never has a gap) go to the engine at their own time (and to
@@ -319,19 +320,16 @@ class Conversation:
         committed = self._committed()
         if not respond:
             self._input_waiting = True
-            self._emit("input_audio_buffer.committed", **committed)
+            self._emit(committed)
             return
         self._start_answer(hangover_ms or 0, committed=committed, end_of_turn=end_of_turn)
 
-    def _committed(self) -> dict[str, Any]:
-        """input_audio_buffer.committed's fields for the turn just over: its item, and with captions on, its
-        parts' transcripts as they stand (None: on its way; each comes in its own `completed` event)."""
-        fields: dict[str, Any] = {"item_id": self._item_id}
-        if self._captions is not None:
-            fields["transcripts"] = self._captions.end()
-        return fields
+    def _committed(self) -> said.Committed:
+        """input_audio_buffer.committed for the turn just over: its item, and with captions on, its parts'
+        transcripts as they stand (None: on its way; each comes in its own `completed` event)."""
+        return said.Committed(self._item_id, None if self._captions is None else self._captions.end())
 
-    def _start_answer(self, hangover_ms: int = 0, committed: dict[str, Any] | None = None,
+    def _start_answer(self, hangover_ms: int = 0, committed: said.Committed | None = None,
                       end_of_turn: dict[str, Any] | None = None) -> None:
         now = time.monotonic()
         self._input_waiting = False
@@ -341,9 +339,8 @@ class Conversation:
         self._detector.min_speech_ms = self.turn.barge_in_ms
         self._set_state(State.THINKING)
         if committed is not None:
-            self._emit("input_audio_buffer.committed", **committed)
-        self._emit("response.created", response={"id": answer.id, "status": "in_progress",
-                                                 "output_modalities": ["text"] if answer.text_only else ["audio"]})
+            self._emit(committed)
+        self._emit(said.ResponseCreated(answer.id, answer.text_only))
         self._ops.put_nowait(answer)
 
     # ---- client requests ----------------------------------------------------------------------------------
@@ -355,7 +352,7 @@ class Conversation:
         if not self._in_turn:
             raise ConversationError("input_audio_buffer_commit_empty", "no speech since the last turn")
         if self._detector.active and self._turn_confirmed:
-            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._clock_ms, item_id=self._item_id)
+            self._emit(said.SpeechStopped(self._clock_ms, self._item_id))
         self._detector.reset()
         self._end_turn(respond=respond)
 
@@ -371,7 +368,7 @@ class Conversation:
                 self._captions.drop()
         self._unpushed.clear()
         self._paused = None
-        self._emit("input_audio_buffer.cleared", item_id=cleared)
+        self._emit(said.Cleared(cleared))
 
     def add_text(self, text: str) -> None:
         """A typed message from the caller: it joins the caller's turn; `create_response` answers it."""
@@ -551,9 +548,8 @@ class Conversation:
                 if isinstance(event, TextDelta):
                     if not answer.cancelled:
                         answer.first_text_at = answer.first_text_at or time.monotonic()
-                        kind = "response.output_text.delta" if answer.text_only else \
-                            "response.output_audio_transcript.delta"
-                        self._emit(kind, response_id=answer.id, delta=event.text)
+                        delta = said.OutputTextDelta if answer.text_only else said.OutputAudioTranscriptDelta
+                        self._emit(delta(answer.id, event.text))
                 elif isinstance(event, SpeechFrame):
                     if not answer.cancelled:
                         playout.push(event.samples)
@@ -570,7 +566,7 @@ class Conversation:
             log.exception("answer %s failed", answer.id)
             error = str(exc) or type(exc).__name__
             playout.interrupt()
-            self._emit_error(_error_code(exc), error)
+            self._emit(said.Error(_error_code(exc), error))
         finally:
             self._finish_answer(answer, playout, done, error)
 
@@ -603,14 +599,10 @@ class Conversation:
         text = done.text if done else ""
         for call in done.tool_calls if done else ():  # those still unsaid (made after a cut): all complete calls
             self._call_event(answer, call)  # are in the history, so the application must know of them
-        modalities = ["text"] if answer.text_only else ["audio"]
-        calls = [{"call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in answer.calls if c.done]
-        response = {"id": answer.id, "status": status, "interrupted": interrupted, "metrics": metrics,
-                    "status_details": {"type": "incomplete", "reason": cut_by} if status == "incomplete" else None,
-                    "output_modalities": modalities, "transcript": text, "function_calls": calls}
+        calls = tuple(said.FunctionCallMade(c.call_id, c.name, c.arguments) for c in answer.calls if c.done)
         if answer.text_only:
-            self._emit("response.output_text.done", response_id=answer.id, text=text)
-        self._emit("response.done", response=response)
+            self._emit(said.OutputTextDone(answer.id, text))
+        self._emit(said.ResponseDone(answer.id, status, interrupted, metrics, cut_by, answer.text_only, text, calls))
         self._on_answer(metrics)
         log.info("answer %s %s: ttfp %s ms, %d frames", answer.id, status, metrics["ttfp_ms"], playout.frames_sent)
         self._active_at = time.monotonic()
@@ -640,13 +632,11 @@ class Conversation:
         delta = event.delta if isinstance(event, ToolCallArguments) else event.arguments[len(call.arguments):]
         if delta:
             call.arguments += delta
-            self._emit("response.function_call_arguments.delta", response_id=answer.id, call_id=call.call_id,
-                       name=call.name, delta=delta)
+            self._emit(said.FunctionCallArgumentsDelta(answer.id, call.call_id, call.name, delta))
         if isinstance(event, ToolCallDone):
             call.done = True
             self._call_ids[call.call_id] = False
-            self._emit("response.function_call_arguments.done", response_id=answer.id, call_id=call.call_id,
-                       name=call.name, arguments=call.arguments)
+            self._emit(said.FunctionCallArgumentsDone(answer.id, call.call_id, call.name, call.arguments))
 
     # ---- the engine worker --------------------------------------------------------------------------------
     async def _work(self) -> None:
@@ -688,7 +678,7 @@ class Conversation:
     def _engine_call_failed(self, name: str, exc: Exception) -> None:
         """An engine call failed: say so to the client; the call goes on."""
         log.exception("engine call %s failed", name, exc_info=exc)
-        self._emit_error(_error_code(exc), str(exc) or type(exc).__name__)
+        self._emit(said.Error(_error_code(exc), str(exc) or type(exc).__name__))
 
     async def _push_audio(self, samples: np.ndarray, at: float, urgent: bool) -> None:
         """Send caller audio to the engine without waiting for it to be taken in (`_call_on`): a preparation queued
@@ -744,7 +734,7 @@ class Conversation:
             if not self._image_refused:
                 self._image_refused = True
                 log.warning("the engine refused a video frame: %s", exc)
-                self._emit_error("invalid_image", str(exc))
+                self._emit(said.Error("invalid_image", str(exc)))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -778,13 +768,11 @@ class Conversation:
     def _set_state(self, state: State) -> None:
         if state != self.state:
             self.state = state
-            self._emit("conversation.state", state=state.value)
+            self._emit(said.ConversationState(state.value))
 
-    def _emit(self, type_: str, **fields: Any) -> None:
-        self._send({"type": type_, **fields})
-
-    def _emit_error(self, code: str, message: str) -> None:
-        self._send({"type": "error", "error": {"type": "server_error", "code": code, "message": message}})
+    def _emit(self, event: said.ConversationEvent) -> None:
+        """Through `send` while the conversation is open (the captions' events too: `close` silences both)."""
+        self._send(event)
 
 
 class ConversationError(Exception):
@@ -800,7 +788,7 @@ def _error_code(exc: Exception) -> str:
     return "out_of_memory" if isinstance(exc, EngineOutOfMemory) else "engine_error"
 
 
-def _ignore(_: dict[str, Any]) -> None:
+def _ignore(_: said.ConversationEvent) -> None:
     pass
 
 

@@ -77,7 +77,7 @@ class Timed:
 
 async def caption(sentence: Sentence, pool: CaptionPool) -> str:
     said: list[dict[str, Any]] = []
-    captions = Captions(pool, lambda kind, **fields: said.append({"type": kind, **fields}))
+    captions = Captions(pool, lambda event: said.append(event.as_json()))
     turn = TurnSettings()
     vad, detector = SpeechProbability(), TurnDetector(turn.vad_threshold, turn.silence_ms, turn.min_speech_ms, 10_000)
     audio = np.concatenate([np.zeros(RATE // 2, np.float32), sentence.samples, np.zeros(RATE, np.float32)])

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rtc_agent.conversation_events import ConversationEvent
 from rtc_agent.media import captions as captions_module
 from rtc_agent.media.captions import MAX_PART_S, PART_PAUSE_MS, CaptionPool, Captions
 from rtc_agent.media.moonshine import Moonshine, shared
@@ -31,8 +32,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
 
-    def __call__(self, kind: str, **fields: Any) -> None:
-        self.events.append({"type": kind, **fields})
+    def __call__(self, event: ConversationEvent) -> None:
+        self.events.append(event.as_json())
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == kind]

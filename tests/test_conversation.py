@@ -45,7 +45,8 @@ async def started(turn: TurnSettings = TURN, options: SessionOptions = SHORT, an
     script = Script()
     track = OutboundAudioTrack()
     session = RecordingSession(engine(answer_tokens).new_session(options))
-    conv = Conversation(session, track, events.append, script, turn, end_of_turn=end_of_turn)
+    conv = Conversation(session, track, lambda event: events.append(event.as_json()), script, turn,
+                        end_of_turn=end_of_turn)  # (the events as the page gets them)
 
     async def play() -> None:  # what aiortc's sender does: ask for packets forever
         while True:

@@ -36,6 +36,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from ..conversation_events import (ConversationEvent, TranscriptionCompleted, TranscriptionDelta,
+                                   TranscriptionFailed)
 from .end_of_turn import lower_priority
 from .vad import CHUNK_MS, CHUNK_SAMPLES
 
@@ -157,7 +159,7 @@ class CaptionPool:
             pass
 
 
-Emit = Callable[..., None]  # emit(event_type, **fields)
+Emit = Callable[[ConversationEvent], None]
 
 
 def background_priority() -> None:
@@ -171,7 +173,7 @@ def background_priority() -> None:
         lower_priority(CAPTION_NICE)
 
 
-def _say_nothing(kind: str, **fields: object) -> None:
+def _say_nothing(event: ConversationEvent) -> None:
     pass
 
 
@@ -213,7 +215,7 @@ class _Part:
 class Captions:
     """One call's captions. The conversation hands it each turn's audio chunk by chunk; events go out through
     `emit` with the Realtime API's names: conversation.item.input_audio_transcription.delta / .completed /
-    .failed."""
+    .failed (TranscriptionDelta, TranscriptionCompleted, TranscriptionFailed)."""
 
     def __init__(self, pool: CaptionPool, emit: Emit) -> None:
         self._pool = pool
@@ -404,8 +406,7 @@ class Captions:
         text = " ".join(words)
         first = not part.committed
         part.committed += words
-        self._emit("conversation.item.input_audio_transcription.delta", item_id=part.turn.item_id,
-                   content_index=part.index, delta=text if first else " " + text)
+        self._emit(TranscriptionDelta(part.turn.item_id, part.index, text if first else " " + text))
 
     def _complete(self, part: _Part) -> None:
         part.done = True
@@ -417,16 +418,13 @@ class Captions:
         if not words and part.index < 0:
             return  # nothing was heard (noise, a cough): no caption
         self._said(part, " ".join(words))
-        self._emit("conversation.item.input_audio_transcription.completed", item_id=part.turn.item_id,
-                   content_index=part.index, transcript=" ".join(words))
+        self._emit(TranscriptionCompleted(part.turn.item_id, part.index, " ".join(words)))
 
     def _failed(self, part: _Part, error: Exception) -> None:
         part.done = True
         self._finishing.remove(part)
         self._said(part, "")
-        self._emit("conversation.item.input_audio_transcription.failed", item_id=part.turn.item_id,
-                   content_index=part.index, error={"type": "transcription_error", "code": "recognizer_failed",
-                                                    "message": str(error)[:200] or type(error).__name__})
+        self._emit(TranscriptionFailed(part.turn.item_id, part.index, str(error)[:200] or type(error).__name__))
 
     def _say_held(self, turn: _Turn) -> None:
         turn.confirmed = True

@@ -19,6 +19,7 @@ import secrets
 from typing import Any, Callable, Literal
 
 from ..config import TurnSettings
+from .. import conversation_events as said
 from ..conversation import Conversation, ConversationError
 from ..engine.step.tools import ToolSet
 from ..media.captions import Transcription
@@ -286,81 +287,81 @@ class RealtimeEvents:
         self._message(r)
         self.emit("response.output_audio.delta", **r.where(), delta=base64.b64encode(pcm).decode())
 
-    def conversation_event(self, event: dict[str, Any]) -> None:
-        """The conversation's own events, as GA events (`_from_conversation` says which handler takes each; the
-        caller's transcription events pass through as they are)."""
-        kind = event["type"]
-        handler = self._from_conversation.get(kind)
-        if handler is not None:
-            handler(self, event)
-        elif kind.startswith("conversation.item.input_audio_transcription."):
-            self.emit(kind, **{k: v for k, v in event.items() if k != "type"})
+    def conversation_event(self, event: said.ConversationEvent) -> None:
+        """The conversation's own events, as GA events (`_from_conversation` says which handler takes each)."""
+        self._from_conversation[type(event)](self, event)
 
-    def _speech_started(self, event: dict[str, Any]) -> None:
-        self.emit(event["type"], audio_start_ms=event["audio_start_ms"], item_id=event["item_id"])
+    def _speech_started(self, event: said.SpeechStarted) -> None:
+        self.emit(event.type, audio_start_ms=event.audio_start_ms, item_id=event.item_id)
 
-    def _speech_stopped(self, event: dict[str, Any]) -> None:
-        self.emit(event["type"], audio_end_ms=event["audio_end_ms"], item_id=event["item_id"])
+    def _speech_stopped(self, event: said.SpeechStopped) -> None:
+        self.emit(event.type, audio_end_ms=event.audio_end_ms, item_id=event.item_id)
 
-    def _committed(self, event: dict[str, Any]) -> None:
-        item_id = event["item_id"]
-        self.emit(event["type"], previous_item_id=self._last_item, item_id=item_id)
-        parts = event.get("transcripts") or [None]  # (one input_audio content a part of the caller's speech)
-        self._add_item({"id": item_id, "type": "message", "role": "user", "status": "completed",
+    def _committed(self, event: said.Committed) -> None:
+        self.emit(event.type, previous_item_id=self._last_item, item_id=event.item_id)
+        parts = event.transcripts or [None]  # (one input_audio content a part of the caller's speech)
+        self._add_item({"id": event.item_id, "type": "message", "role": "user", "status": "completed",
                         "content": [{"type": "input_audio", "transcript": t} for t in parts]})
 
-    def _cleared(self, event: dict[str, Any]) -> None:
-        self.emit(event["type"])
+    def _cleared(self, event: said.Cleared) -> None:
+        self.emit(event.type)
 
-    def _created(self, event: dict[str, Any]) -> None:
-        self._response_created(event["response"]["id"], event["response"]["output_modalities"] == ["text"])
+    def _created(self, event: said.ResponseCreated) -> None:
+        self._response_created(event.response_id, event.text_only)
 
-    def _output_delta(self, event: dict[str, Any]) -> None:
+    def _output_delta(self, event: said.AnswerDelta) -> None:
         """response.output_audio_transcript.delta or response.output_text.delta."""
-        r = self._responses.get(event["response_id"])
+        r = self._responses.get(event.response_id)
         if r is not None:
             self._message(r)
-            r.transcript += event["delta"]
-            self.emit(event["type"], **r.where(), delta=event["delta"])
+            r.transcript += event.delta
+            self.emit(event.type, **r.where(), delta=event.delta)
 
-    def _call_arguments(self, event: dict[str, Any]) -> None:
-        r = self._responses.get(event["response_id"])
+    def _call_arguments(self, event: said.FunctionCallArgumentsDelta | said.FunctionCallArgumentsDone) -> None:
+        r = self._responses.get(event.response_id)
         if r is not None:
             self._call_event(r, event)
 
-    def _done(self, event: dict[str, Any]) -> None:
-        self._response_done(event["response"])
+    def _done(self, event: said.ResponseDone) -> None:
+        self._response_done(event)
 
-    def _state(self, event: dict[str, Any]) -> None:
+    def _state(self, event: said.ConversationState) -> None:
         r = self._response
-        if event["state"] == "speaking" and r is not None:
+        if event.state == "speaking" and r is not None:
             self._message(r)
             if self.transport == "webrtc":
                 r.audio_started = True
                 self.emit("output_audio_buffer.started", response_id=r.id)
 
-    def _conversation_error(self, event: dict[str, Any]) -> None:
-        error = event["error"]
-        self.error(error["code"], error["message"], kind=error.get("type", "server_error"))
+    def _conversation_error(self, event: said.Error) -> None:
+        self.error(event.code, event.message, kind=event.kind)
 
-    def _said_elsewhere(self, event: dict[str, Any]) -> None:
+    def _as_they_are(self, event: said.ConversationEvent) -> None:
+        """The caller's transcription events: their fields as the page gets them."""
+        fields = event.as_json()
+        self.emit(fields.pop("type"), **fields)
+
+    def _said_elsewhere(self, event: said.OutputTextDone) -> None:
         """response.output_text.done: said by `_response_done`, in its place among the response's closing
         events."""
 
-    _from_conversation: dict[str, Callable[["RealtimeEvents", dict[str, Any]], None]] = {
-        "input_audio_buffer.speech_started": _speech_started,
-        "input_audio_buffer.speech_stopped": _speech_stopped,
-        "input_audio_buffer.committed": _committed,
-        "input_audio_buffer.cleared": _cleared,
-        "response.created": _created,
-        "response.output_audio_transcript.delta": _output_delta,
-        "response.output_text.delta": _output_delta,
-        "response.function_call_arguments.delta": _call_arguments,
-        "response.function_call_arguments.done": _call_arguments,
-        "response.done": _done,
-        "response.output_text.done": _said_elsewhere,
-        "conversation.state": _state,
-        "error": _conversation_error,
+    _from_conversation: dict[type[said.ConversationEvent], Callable[["RealtimeEvents", Any], None]] = {
+        said.SpeechStarted: _speech_started,
+        said.SpeechStopped: _speech_stopped,
+        said.Committed: _committed,
+        said.Cleared: _cleared,
+        said.ResponseCreated: _created,
+        said.OutputAudioTranscriptDelta: _output_delta,
+        said.OutputTextDelta: _output_delta,
+        said.FunctionCallArgumentsDelta: _call_arguments,
+        said.FunctionCallArgumentsDone: _call_arguments,
+        said.ResponseDone: _done,
+        said.OutputTextDone: _said_elsewhere,
+        said.ConversationState: _state,
+        said.Error: _conversation_error,
+        said.TranscriptionDelta: _as_they_are,
+        said.TranscriptionCompleted: _as_they_are,
+        said.TranscriptionFailed: _as_they_are,
     }
 
     def _new_id(self, prefix: str) -> str:
@@ -412,31 +413,32 @@ class RealtimeEvents:
         self._open_item(r, self._item(r, "in_progress"), r.output_index)
         self.emit("response.content_part.added", **r.where(), part=self._part(r))
 
-    def _call_event(self, r: _Response, event: dict[str, Any]) -> None:
+    def _call_event(self, r: _Response, event: said.FunctionCallArgumentsDelta | said.FunctionCallArgumentsDone
+                    ) -> None:
         """The conversation's `response.function_call_arguments.delta` or `.done`: the call's item opens with its
         first piece and is done with its arguments."""
-        call = r.calls.get(event["call_id"])
+        call = r.calls.get(event.call_id)
         if call is None:
-            call = _Call(self._new_id("item"), r.outputs, self._last_item, event["call_id"], event["name"])
+            call = _Call(self._new_id("item"), r.outputs, self._last_item, event.call_id, event.name)
             r.calls[call.call_id] = call
             self._open_item(r, call.item(), call.output_index)
         where = {"response_id": r.id, "item_id": call.item_id, "output_index": call.output_index,
                  "call_id": call.call_id}
-        if event["type"] == "response.function_call_arguments.delta":
-            call.arguments += event["delta"]
-            self.emit(event["type"], **where, delta=event["delta"])
+        if isinstance(event, said.FunctionCallArgumentsDelta):
+            call.arguments += event.delta
+            self.emit(event.type, **where, delta=event.delta)
             return
-        call.arguments, call.done = event["arguments"], True
-        self.emit(event["type"], **where, name=call.name, arguments=call.arguments)
+        call.arguments, call.done = event.arguments, True
+        self.emit(event.type, **where, name=call.name, arguments=call.arguments)
         self._close_item(r, call.item(), call.output_index, call.previous_item_id)
 
-    def _response_done(self, done: dict[str, Any]) -> None:
-        r = self._responses.pop(done["id"], None)
+    def _response_done(self, done: said.ResponseDone) -> None:
+        r = self._responses.pop(done.response_id, None)
         if r is None:
             return
         if self._response is r:
             self._response = None
-        status = done["status"]
+        status = done.status
         output: dict[int, dict[str, Any]] = {}
         if r.item_id is not None:
             where = r.where()
@@ -459,13 +461,13 @@ class RealtimeEvents:
         elif status == "failed":
             details = {"type": "failed", "error": {"type": "server_error", "code": "engine_error"}}
         elif status == "incomplete":  # a limit cut it: {"type": "incomplete", "reason": "max_output_tokens" or ...}
-            details = done["status_details"]
+            details = done.status_details
         response = self._response_object(r, status, output=[output[i] for i in sorted(output)],
-                                         metrics=done.get("metrics"))
+                                         metrics=done.metrics)
         response["status_details"] = details
         self.emit("response.done", response=response)
         if self.transport == "webrtc" and r.audio_started:
-            self.emit("output_audio_buffer.cleared" if done.get("interrupted") else "output_audio_buffer.stopped",
+            self.emit("output_audio_buffer.cleared" if done.interrupted else "output_audio_buffer.stopped",
                       response_id=r.id)
 
     # ---- in -----------------------------------------------------------------------------------------------

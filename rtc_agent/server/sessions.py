@@ -124,7 +124,7 @@ class CallSession:
         # a Realtime API client (/v1/realtime/calls) gets the Realtime events on "oai-events"; our page, ours
         self.realtime = RealtimeEvents(self.events.send, "webrtc", self.id, describe.get("model"), voice,
                                        instructions) if realtime else None
-        send = self.realtime.conversation_event if self.realtime else self.events.send
+        send = self.realtime.conversation_event if self.realtime else lambda event: self.events.send(event.as_json())
         self.conversation = Conversation(engine_session, self.track, send, vad, settings.turn,
                                          on_answer=self._answered, end_of_turn=end_of_turn, speech=speech,
                                          loop_lag_since=metrics.loop_lag.max_since, captions=captions,
