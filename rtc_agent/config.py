@@ -175,7 +175,7 @@ def _installed_turn_detection(settings: Settings) -> Settings:
     """The default turn detection, semantic_vad, where its end-of-turn model is installed; else server_vad, with
     a note saying why. (semantic_vad asked for by name is kept: the server then refuses to start, with the
     install hint.)"""
-    from .media.end_of_turn import INSTALL_HINT, model_installed
+    from .smart_turn import INSTALL_HINT, model_installed
 
     if model_installed():
         return settings

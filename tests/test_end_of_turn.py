@@ -37,10 +37,9 @@ from rtc_agent.media.end_of_turn import (
     EndOfTurnModel,
     EndOfTurnScorer,
     SemanticTurn,
-    model_path,
     shared_scorer,
-    windows,
 )
+from rtc_agent.smart_turn import model_path, windows
 from rtc_agent.server.protocol import ProtocolError, parse_client_message, turn_description
 from rtc_agent.server.state import STATE
 
@@ -109,10 +108,10 @@ def test_the_model_scores_a_complete_question_high_and_a_sentence_cut_in_its_pau
 
 
 def test_the_engines_torch_run_of_the_model_file_agrees_with_onnxruntime_within_its_quantization_noise() -> None:
-    """engine/step/turn_scoring.py runs the same int8 file as torch ops (media/onnx_torch.py; here on the CPU). Each
-    activation is rounded to its int8 grid, so float sums in another order move a value by a grid step now and
-    then: onnxruntime's own fused kernels and its unfused reference differ by up to 0.08 on these turns. The
-    features are made in torch too (audio_input.LogMel), as transformers' extractor makes them."""
+    """engine/step/turn_scoring.py runs the same int8 file as torch ops (engine/step/onnx_torch.py; here on the
+    CPU). Each activation is rounded to its int8 grid, so float sums in another order move a value by a grid step
+    now and then: onnxruntime's own fused kernels and its unfused reference differ by up to 0.08 on these turns.
+    The features are made in torch too (audio_input.LogMel), as transformers' extractor makes them."""
     paused = ssml_speech(*PAUSED, rate=16_000)
     start, _ = gap(paused, 16_000)
     complete = question_turns(64, 160, 320)
@@ -134,7 +133,7 @@ def test_each_activations_quantize_dequantize_pair_runs_fused_with_the_same_valu
     """The torch run fuses each QuantizeLinear / DequantizeLinear pair of an activation into four ops; on the
     file's own scales and zero points, over values on and between the grid's rounding points and past its range,
     they give what the two ONNX operators give one after the other."""
-    from rtc_agent.media import onnx_torch
+    from rtc_agent.engine.step import onnx_torch
 
     graph = onnx_torch.TorchGraph(model_path())
     pairs = [(inputs, attrs) for op, inputs, _, attrs in graph._nodes if op is onnx_torch._quantize_dequantize]

@@ -29,7 +29,7 @@ from rtc_support import restore_ice  # noqa: F401  (autouse fixture)
 from rtc_support import caller, needs_espeak, run, say
 from test_deploy import image_pip_install
 
-from rtc_agent.media.end_of_turn import INSTALL_HINT
+from rtc_agent.smart_turn import INSTALL_HINT
 from rtc_agent.media.moonshine import INSTALL_HINT as RECOGNISER_HINT
 
 ROOT = Path(__file__).resolve().parents[1]

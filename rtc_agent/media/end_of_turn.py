@@ -28,7 +28,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
-import importlib.util
 import logging
 import os
 import sys
@@ -39,15 +38,12 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
+from ..smart_turn import RATE, WINDOW_S, model_installed, model_path, windows
 from . import last_words
 from .vad import CHUNK_MS, CHUNK_SAMPLES
 
 log = logging.getLogger(__name__)
 
-RATE = 16_000
-WINDOW_S = 8  # the model sees the last 8 s of the turn
-MODEL_FILE = ("audio", "turn", "smart_turn", "data", "smart-turn-v3.2-cpu.onnx")  # inside the pipecat package
-INSTALL_HINT = "pip install pipecat-ai==1.14.0 (a dependency of rtc-agent: its wheel carries the file)"
 SCORING_THREADS = 2  # decisions of different calls run side by side, one onnxruntime thread each
 # The decision of a media process's only call, while no other decision runs there, splits the model over two
 # threads: on the H200 host's cores the model takes 60 ms on one thread and 34 on two (71 ms of CPU in all), and a
@@ -63,20 +59,6 @@ LOCAL_AT_ONCE = 1  # with the engine taking the overflow: a process's decisions 
 # H200 host: first packets 97-104 against 108-122 ms P50, verdicts no later; `studies/device_ab.sh`). Without
 # contention it changes nothing.
 SCORING_NICE = 5
-
-
-class EndOfTurnUnavailable(RuntimeError):
-    """The Smart Turn model file (from the pipecat-ai wheel) is not installed."""
-
-
-def model_path() -> Path:
-    """The ONNX file inside the installed pipecat package, found without importing pipecat."""
-    spec = importlib.util.find_spec("pipecat")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(root).joinpath(*MODEL_FILE)
-        if path.is_file():
-            return path
-    raise EndOfTurnUnavailable(f"semantic_vad needs the Smart Turn v3.2 model: {INSTALL_HINT}")
 
 
 class EndOfTurnModel:
@@ -97,22 +79,6 @@ class EndOfTurnModel:
                                   do_normalize=True).input_features
         (out,) = self._sessions[threads].run(None, {"input_features": features.astype(np.float32)})
         return float(np.asarray(out).reshape(-1)[0])
-
-
-def windows(turns: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-    """The model's view of each turn: its last WINDOW_S, zero-padded at the front as the model was trained
-    [turns, RATE x WINDOW_S]; written into the first rows of `out` where given (its other rows are left as they
-    are)."""
-    window = RATE * WINDOW_S
-    if out is None:
-        batch = np.zeros((len(turns), window), np.float32)
-    else:
-        batch = out[:len(turns)]
-        batch.fill(0.0)
-    for row, audio in zip(batch, turns):
-        audio = np.asarray(audio, np.float32)[-window:]
-        row[window - len(audio):] = audio
-    return batch
 
 
 def _session(path: Path, threads: int):
@@ -309,14 +275,6 @@ def shared_scorer(words: bool = False) -> EndOfTurnScorer:
         raise last_words.LastWordsUnavailable(f"--last-words needs its models: {last_words.INSTALL_HINT}")
     with _shared_lock:
         return _load_shared(words)
-
-
-def model_installed() -> bool:
-    try:
-        model_path()
-    except EndOfTurnUnavailable:
-        return False
-    return True
 
 
 def installed_scorer(words: bool = False) -> EndOfTurnScorer | None:

@@ -19,7 +19,8 @@ from ..config import VOICES, Settings
 from ..loop_lag import freeze_startup_objects
 from ..media import last_words, moonshine
 from ..media.captions import CaptionPool
-from ..media.end_of_turn import LOCAL_AT_ONCE, EndOfTurnScorer, installed_scorer, model_path, shared_scorer
+from ..media.end_of_turn import LOCAL_AT_ONCE, EndOfTurnScorer, installed_scorer, shared_scorer
+from ..smart_turn import model_path
 from ..media.ice import browser_ice_servers, use_host_addresses
 from ..media.outbound import silence_packets
 from . import tls

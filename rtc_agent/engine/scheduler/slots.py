@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from ..step.talker import Talker, TalkerRow
 from ..step.tools import Constraint, TokenMasks
 from .policy import PrefillRequest, TokenRequest
 
+if TYPE_CHECKING:
+    from ..session.engine import Engine  # the engine's model, options and pool (an import cycle at run time)
+
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +62,7 @@ def _cache_bytes(config, positions: int, dtype: torch.dtype) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * (positions + 1) * head_dim * dtype.itemsize
 
 
-def slot_bytes(core) -> int:
+def slot_bytes(core: Engine) -> int:
     """Bytes of one slot's KV caches: Thinker, Talker, code predictor, Code2Wav."""
     return _slot_bytes(core.model.config, core.options, core.dtype, core.speech)
 
@@ -84,7 +87,7 @@ def _slot_bytes(config, options, dtype: torch.dtype, speech: bool) -> int:
     return total
 
 
-def slot_count(core, requested: int) -> int:
+def slot_count(core: Engine, requested: int) -> int:
     """`requested`, or (0) as many slots as fit in the GPU's free memory after the weights (logged), at most
     `MAX_AUTO_SLOTS`; `DEFAULT_CPU_SLOTS` on the CPU."""
     if requested:
@@ -144,7 +147,7 @@ class FirstToken:
 
 
 class SlotPool:
-    def __init__(self, core, count: int) -> None:
+    def __init__(self, core: Engine, count: int) -> None:
         self.core = core
         model, options = core.model, core.options
         thinker_config = model.config.thinker_config.text_config

@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from ..step.talker import UserPart
 from ..step.tools import AnswerCalls, system_text
 from .caller_video import CallerVideo
 from .layout import Piece, TurnLayout
+
+if TYPE_CHECKING:
+    from .engine import Engine  # the engine's model, options and pool (an import cycle at run time)
 
 
 @dataclass
@@ -134,7 +137,7 @@ class CallContext:
     worker sends back the result once it has run it, batched with the requests of other sessions that came at the
     same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one here and now."""
 
-    def __init__(self, core, slot: Slot, options: SessionOptions) -> None:
+    def __init__(self, core: Engine, slot: Slot, options: SessionOptions) -> None:
         self.core = core
         self.slot = slot
         self.options = options

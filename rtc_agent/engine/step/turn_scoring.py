@@ -10,7 +10,7 @@ are not onnxruntime's verdicts, those the thresholds were chosen on (docs/turn-t
 caller's verdicts stay onnxruntime's and a burst's come from here. The media processes send the turn's audio
 (remote.py) and wait for the verdict; the last words, where heard, stay on their CPUs.
 
-The model is the same file onnxruntime runs, as torch ops (media/onnx_torch.py), features included, captured as a
+The model is the same file onnxruntime runs, as torch ops (engine/step/onnx_torch.py), features included, captured as a
 CUDA graph per batch size (about 700 kernels: launched one by one from Python they took 20 ms for one turn while
 the worker's thread held the GIL). It runs on a thread of its own and a CUDA stream of high priority, beside the
 worker's: a verdict does not wait for a decode step or a round to end, and its kernels go ahead of theirs on the
@@ -29,10 +29,10 @@ import time
 import numpy as np
 import torch
 
-from ...media.end_of_turn import RATE, WINDOW_S, model_installed, model_path, windows
-from ...media.onnx_torch import TorchGraph
+from ...smart_turn import RATE, WINDOW_S, model_installed, model_path, windows
 from .audio_input import LogMel
 from .graphs import CapturedStep, HostCopy
+from .onnx_torch import TorchGraph
 
 log = logging.getLogger(__name__)
 # The batch sizes graphs are captured for; a batch is padded to the next. 24, the default's slots: a burst of 24

@@ -1,4 +1,4 @@
-"""An ONNX graph run with torch ops, on whatever device torch has: how the Smart Turn model (end_of_turn.py) runs
+"""An ONNX graph run with torch ops, on whatever device torch has: how the Smart Turn model (smart_turn.py) runs
 on the engine's GPU, where onnxruntime would need its own CUDA build (onnxruntime-gpu and cuDNN, about 1 GB that
 torch already brings).
 
