@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from rtc_agent.engine.step.sampling import Sampling, choose, gumbel_noise, gumbel_rows, sample_torch
+from rtc_agent.engine.step.sampling import Sampling, choose, gumbel_noise, gumbel_rows, noise_width, sample_torch
 
 SETTINGS = (Sampling(temperature=1.0, top_k=50, top_p=0.8), Sampling(temperature=0.9, top_k=50),
             Sampling(temperature=0.7, top_p=0.5), Sampling(temperature=1.3))
@@ -29,6 +29,24 @@ def test_torch_draw_keeps_only_the_cut_set():
     top_p = {int(sample_torch(scores, Sampling(top_p=0.6), gumbel_noise((1, 6), generator, scores.device)))
              for _ in range(300)}
     assert top_p == {0, 1}
+
+
+def test_a_draw_among_the_top_k_candidates_is_the_vocabulary_wide_draw_on_their_noise():
+    """Drawing among the top-k candidates (noise [rows, top_k]) picks what the vocabulary-wide draw picks when the
+    candidates get the noise they had there: the cuts keep the same set and the Gumbel-max sees the same values.
+    Greedy rows (zero noise) keep their argmax."""
+    generator = torch.Generator().manual_seed(5)
+    for sampling in (Sampling(temperature=0.7, top_k=20, top_p=0.8), Sampling(temperature=0.9, top_k=50),
+                     Sampling(temperature=1.2, top_k=7, top_p=0.3)):
+        scores = 3.0 * torch.randn(16, 3000, generator=generator)
+        noise = gumbel_noise(scores.shape, generator, scores.device)
+        noise[3] = 0.0
+        assert noise_width(sampling, 3000) == sampling.top_k
+        candidates = torch.topk(scores, sampling.top_k, dim=-1).indices
+        narrow = sample_torch(scores, sampling, noise.gather(-1, candidates))
+        assert torch.equal(narrow, sample_torch(scores, sampling, noise))
+        assert narrow[3] == scores[3].argmax()
+    assert noise_width(Sampling(top_p=0.5), 3000) == 3000 and noise_width(Sampling(top_k=50), 30) == 30
 
 
 def test_noise_of_several_rows_is_each_row_drawn_alone_with_zeros_where_nothing_is_drawn():

@@ -37,7 +37,7 @@ from ..step.graphs import (
     rows_for,
     to_device,
 )
-from ..step.sampling import Sampling, choose, draw_groups, fused_active, gumbel_rows
+from ..step.sampling import Sampling, choose, draw_groups, fused_active, gumbel_rows, noise_width
 from ..step.talker import Talker, TalkerRow
 from ..step.tools import Constraint, TokenMasks
 from .policy import PrefillRequest, TokenRequest
@@ -367,11 +367,13 @@ class SlotPool:
 def choose_rows(logits: torch.Tensor, generators: list, samplings: list[Sampling]) -> torch.Tensor:
     """One token per row of `logits` [rows, vocab], row i drawn under `samplings[i]` with `generators[i]` (rows
     whose generator is None sit out: their token is the greedy one and unused). Rows whose settings differ only
-    in `greedy` are drawn together: a greedy row gets zero noise, and the argmax survives every cut."""
+    in `greedy` are drawn together: a greedy row gets zero noise, and the argmax survives every cut. A top-k cut
+    draws among its candidates only (`noise_width`)."""
     draws = [g if not s.greedy else None for g, s in zip(generators, samplings)]
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     for sampling, members in draw_groups(samplings, [g is not None for g in draws]).items():
-        noise = None if sampling.greedy else gumbel_rows([draws[i] for i in members], logits.shape[1], logits.device)
+        noise = None if sampling.greedy else gumbel_rows([draws[i] for i in members],
+                                                         noise_width(sampling, logits.shape[1]), logits.device)
         index = to_device(torch.tensor(members), logits.device) if len(members) < logits.shape[0] else None
         rows = logits if index is None else logits.index_select(0, index)
         chosen = choose(rows, sampling, noise=noise)
