@@ -18,18 +18,24 @@ from rtc_agent.engine.model import loader
 from rtc_agent.engine.model.kernels import moe
 
 
-def _blocks(model):
-    return [m for m in model.modules() if moe._is_moe_block(m)]
+def _blocks(model, every: bool = True):
+    """The model's MoE blocks; every=False: the first of each class (the kernels' code is one for all the blocks of a
+    class: Triton's interpreter, at about 10 s a block, runs one Thinker block and the Talker's)."""
+    blocks = [m for m in model.modules() if moe._is_moe_block(m)]
+    first: dict[type, torch.nn.Module] = {}
+    for block in blocks:
+        first.setdefault(type(block), block)
+    return blocks if every else list(first.values())
 
 
-def max_differences(dtype: torch.dtype, fast) -> list[float]:
+def max_differences(dtype: torch.dtype, fast, every: bool = True) -> list[float]:
     """Largest |fast(block, x) - library| of every MoE block of the tiny model (Thinker's and Talker's) on one
     token."""
     model = loader.load("tiny", "cpu").model.to(dtype)
     generator = torch.Generator().manual_seed(0)
     result = []
     with torch.inference_mode():
-        for block in _blocks(model):
+        for block in _blocks(model, every):
             for _ in range(3):
                 x = torch.randn(1, 1, block.experts.hidden_dim, generator=generator).to(dtype)
                 reference = block(x)
@@ -67,14 +73,14 @@ def test_install_keeps_library_path_off_cuda():
     assert all(b._fast_path == moe._supported(b) for b in _blocks(model))
 
 
-def skipped_rows_differences(path) -> tuple[float, float]:
+def skipped_rows_differences(path, every: bool = True) -> tuple[float, float]:
     """Rows that sit a step out (`moe.skipping_rows`): (largest |path - path without skipping| on the rows that
     take part, largest |output| on the rows left out) over every MoE block, 4 rows, flags as bool and as long."""
     model = loader.load("tiny", "cpu").model.to(torch.bfloat16)
     generator = torch.Generator().manual_seed(1)
     kept = left_out = 0.0
     with torch.inference_mode():
-        for block in _blocks(model):
+        for block in _blocks(model, every):
             x = torch.randn(4, 1, block.experts.hidden_dim, generator=generator).to(torch.bfloat16)
             full = path(block, x)
             for active in (torch.tensor([True, False, True, False]), torch.tensor([0, 1, 1, 0])):
@@ -93,8 +99,8 @@ from test_moe import max_differences, skipped_rows_differences
 from rtc_agent.engine.model.kernels import moe
 assert moe._KERNELS is not None
 paths = (lambda b, x: moe.moe_forward(b, x, moe.experts_triton), moe.fused_forward)  # library router; fused
-print(*skipped_rows_differences(moe.fused_forward), *skipped_rows_differences(moe.grouped_forward),
-      *(max(max_differences(dtype, path)) for path in paths for dtype in (torch.float32, torch.bfloat16)))
+print(*skipped_rows_differences(moe.fused_forward, False), *skipped_rows_differences(moe.grouped_forward, False),
+      *(max(max_differences(dtype, path, False)) for path in paths for dtype in (torch.float32, torch.bfloat16)))
 """
 
 

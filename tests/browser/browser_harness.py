@@ -149,8 +149,10 @@ class Server:
         raise RuntimeError(f"rtc-agent serve was not ready within {timeout_s} s; see {self.log_path}")
 
     def stop(self) -> None:
+        """Ctrl-C (SIGINT to the process group): the server ends at once, its calls with it (SIGTERM would drain
+        them first for up to drain_timeout_s; tests/test_drain.py checks that)."""
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGINT)
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
