@@ -95,7 +95,8 @@ async def _load_engine(state: ServerState) -> None:
         if s.turn.turn_detection == "semantic_vad":
             model_path()  # (required: EndOfTurnUnavailable says how to install it, before a model loads for minutes)
         loading = state.engine is None
-        captions = asyncio.create_task(asyncio.to_thread(load_captions, s))  # (beside the engine: it takes seconds)
+        # (beside the engine: Moonshine's load and warm-up take 5.5 s of a CPU core)
+        captions = state.captions_loading or asyncio.create_task(asyncio.to_thread(load_captions, s))
         if loading:
             state.engine = await asyncio.to_thread(load_engine, s)
         state.captions = await captions
@@ -289,13 +290,16 @@ def make_runner(app: web.Application, **kwargs: Any) -> Runner:
 SWITCH_INTERVAL_S = 0.0005
 
 
-async def serve(settings: Settings, engine: Any = None, unix_path: str | None = None, tag: str = "") -> int:
+async def serve(settings: Settings, engine: Any = None, unix_path: str | None = None, tag: str = "",
+                captions: asyncio.Task | None = None) -> int:
     """Runs the server until SIGINT, or SIGTERM and the drain that follows it (0), or until the model fails to
     load (1). A media process (processes.py) gives the engine process's RemoteEngine, the Unix socket the front
-    reaches it on, and its mark (`tag`)."""
+    reaches it on, its mark (`tag`) and its recogniser's loading (`load_captions` in a thread, started before the
+    engine was up)."""
     rate_limit_logging()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = create_app(settings, engine=engine, tag=tag)
+    app[STATE].captions_loading = captions
     runner = make_runner(app, access_log_class=AccessLogger, handle_signals=False)
     await runner.setup()
     try:

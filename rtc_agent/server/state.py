@@ -1,6 +1,7 @@
 """What the request handlers share: settings, metrics, the calls, and the engine once it is loaded."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ class ServerState:
     guard: MemoryGuard | None = None  # GPU memory: gauges, and no new calls above --memory-guard-pct
     end_of_turn: EndOfTurnScorer | None = None  # the calls' end-of-turn scorer (app.end_of_turn_scorer), once loaded
     captions: CaptionPool | None = None  # the speech recogniser of the callers' captions, once loaded (None: off)
+    captions_loading: asyncio.Task | None = None  # a media process's recogniser, loading since before its engine was up
     tag: str = ""  # a media process's mark on its call ids and tokens ("m2."), by which the front routes them
 
     @property
