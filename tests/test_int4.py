@@ -99,6 +99,7 @@ _INTERPRETER_CHECK = """
 import torch
 from rtc_agent.engine.model import loader
 from rtc_agent.engine.model.kernels import int4, moe
+from test_moe import _blocks
 
 def rel(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
@@ -114,11 +115,7 @@ for dtype in (torch.float32, torch.bfloat16):
     assert torch.equal(int4.unpacked(experts), experts.dequantized()), "unpacked: not dequantize's values"
     model = loader.load("tiny", "cpu").model.to(dtype)
     int4.quantize_model(model)
-    first = {}  # one block of each class: the kernels' code is one for all of a class's blocks
-    for m in model.modules():
-        if moe._is_moe_block(m):
-            first.setdefault(type(m), m)
-    for block in first.values():
+    for block in _blocks(model, every=False):  # one of each class: the kernels' code is one for all of its blocks
         h = torch.randn(1, 100, block.experts.hidden_dim, generator=generator).to(dtype)  # > 16 rows an expert
         flat = h.view(-1, h.shape[-1])
         _, weights, selected = block.gate(flat)

@@ -132,7 +132,7 @@ def media_main(settings: Settings, mark: str, socket: str, engine_socket: str, r
         from ..engine.ipc.remote import RemoteEngine
         from .app import load_captions, serve
 
-        # the recogniser loads while the engine does (2-core CPU: the process ready 4-5 s sooner)
+        # the recogniser (Moonshine's load and warm-up: 5.5 s of a CPU core) loads while the engine does
         captions = asyncio.create_task(asyncio.to_thread(load_captions, settings))
         engine = await RemoteEngine(engine_socket, mark).connect(ENGINE_WAIT_S)
         if low:
