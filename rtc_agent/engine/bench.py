@@ -318,7 +318,7 @@ def _stage_times(engine: Engine, contexts: list, repeats: int = 20) -> dict[str,
     options = contexts[0].options
     codes = torch.zeros(rows, engine.model.config.talker_config.num_code_groups, dtype=torch.long,
                         device=engine.device)
-    text = engine.tts["pad"].expand(rows, 1, -1).contiguous()
+    text = engine.talker_inputs.tts["pad"].expand(rows, 1, -1).contiguous()
     slots = {c.slot.index: c for c in contexts}
     thinker_rows = [(slots[r].slot, 0, slots[r].generator) if r in slots else None for r in range(rows)]
     stepping = [r if r in slots else None for r in range(rows)]

@@ -3,7 +3,7 @@ it, which work goes first, and how much lead a playing answer keeps. worker.py s
 
 A session's turn work (`CallContext`) is a generator that yields requests; the worker gathers the requests of every
 session into one round and runs it stage by stage, in `REQUEST_STAGES` order, each stage one batched pass over its
-requests (`Engine.run_requests`):
+requests (`StageRunner`, stages.py):
 
 1. `AudioRequest`: caller audio to encode (one pass of the audio encoder);
 2. `PrefillRequest`: a short Thinker prefill at the end of a slot's context (one batched prefill);
@@ -70,7 +70,7 @@ class TokenRequest:
     sampling: Sampling
     generator: torch.Generator
     allowed: torch.Tensor | None = None
-    talker_prefix: torch.Tensor | None = None  # where the Talker may speak it: `Engine.answer_prefix` of its voice
+    talker_prefix: torch.Tensor | None = None  # where the Talker may speak it: its voice's `TalkerInputs.answer_prefix`
 
 
 @dataclass

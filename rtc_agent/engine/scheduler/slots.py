@@ -329,8 +329,9 @@ class SlotPool:
         if speaking:
             chosen = tokens if len(speaking) == len(requests) else tokens.index_select(
                 0, to_device(torch.tensor(speaking), tokens.device))
-            first = self.core.project_text(self.core.model.thinker.model.language_model.embed_tokens(chosen[:, None]))
-            whole = torch.cat((torch.cat([requests[i].talker_prefix for i in speaking]), first + self.core.codec_bos),
+            inputs = self.core.talker_inputs
+            first = inputs.project_text(self.core.model.thinker.model.language_model.embed_tokens(chosen[:, None]))
+            whole = torch.cat((torch.cat([requests[i].talker_prefix for i in speaking]), first + inputs.codec_bos),
                               dim=1)
             prefixes = {i: whole[n:n + 1] for n, i in enumerate(speaking)}
         host = HostCopy(tuple(tokens.shape), tokens.dtype, tokens.device)  # (each round its own: read later)

@@ -16,6 +16,7 @@ import torch
 from ..errors import TurnTooLongError
 from ..events import INPUT_SAMPLE_RATE, Event
 from ..model.memory import release_cached
+from ..model.token_ids import TokenIds
 from ..model.stack import explicit_positions
 from ..options import SessionOptions
 from ..scheduler.policy import AudioRequest, FrameRequest, PrefillRequest, Request, TokenRequest
@@ -91,37 +92,6 @@ class Prepared:
     ready_at: float  # time.perf_counter() when it was ready
 
 
-@dataclass
-class TokenIds:
-    im_start: int
-    im_end: int
-    user: int
-    assistant: int
-    system: int
-    newline: int
-    audio: int
-    audio_start: int
-    audio_end: int
-    vision_start: int
-    vision_end: int
-    video: int
-    tts_pad: int
-    tts_bos: int
-    tts_eos: int
-    multimodal: tuple[int, ...]
-
-    @classmethod
-    def from_model(cls, model, tokenizer) -> "TokenIds":
-        c, t = model.config, model.config.thinker_config
-        newline = tokenizer.encode("\n", add_special_tokens=False)
-        if len(newline) != 1:
-            raise ValueError(f"the tokenizer encodes a newline as {newline}, expected one token")
-        return cls(c.im_start_token_id, c.im_end_token_id, c.user_token_id, c.assistant_token_id, c.system_token_id,
-                   newline[0], t.audio_token_id, t.audio_start_token_id, t.audio_end_token_id,
-                   t.vision_start_token_id, t.vision_end_token_id, t.video_token_id, c.tts_pad_token_id,
-                   c.tts_bos_token_id, c.tts_eos_token_id, (t.audio_token_id, t.image_token_id, t.video_token_id))
-
-
 T = TypeVar("T")
 Prefilling = Generator[Request, Any, T]  # see `CallContext`
 
@@ -135,7 +105,7 @@ class CallContext:
     `PrefillRequest`, an answer's first token as a `TokenRequest`, each short Talker prefill (a user part, an
     answer's prefix) as a `TalkerPrefillRequest` and a prepared answer's first frame as a `FrameRequest`, and the
     worker sends back the result once it has run it, batched with the requests of other sessions that came at the
-    same moment (`Engine.run_requests`). The worker drives them; `run_now` drives one here and now."""
+    same moment (`StageRunner`, scheduler/stages.py). The worker drives them; `run_now` drives one here and now."""
 
     def __init__(self, core: Engine, slot: Slot, options: SessionOptions) -> None:
         self.core = core
@@ -380,7 +350,7 @@ class CallContext:
         try:
             request = next(work)
             while True:
-                request = work.send(self.core.run_requests([request])[0])
+                request = work.send(self.core.run_stage([request])[0])
         except StopIteration as stop:
             return stop.value
 
@@ -576,7 +546,7 @@ class CallContext:
         self.slot.answer = answer
         speaks = self.talker is not None and self.options.speech
         first = yield TokenRequest(last, self.options.thinker_sampling, self.generator, allowed,
-                                   self.core.answer_prefix(self.options.voice) if speaks else None)
+                                   self.core.talker_inputs.answer_prefix(self.options.voice) if speaks else None)
         calls_first = answer.calls is not None  # (whether it speaks depends on the token: a function call's start)
         if calls_first:
             answer.add_first_token(first.token)

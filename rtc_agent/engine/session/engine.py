@@ -23,32 +23,24 @@ from ..errors import EngineFullError
 from ..events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from ..model.kernels import attention, moe, norm, rotary
 from ..model.loader import LoadedModel, load
+from ..model.token_ids import TokenIds
 from ..model.memory import EngineOutOfMemory, MemoryUse, read_memory
 from ..options import EngineOptions, SessionOptions
-from ..scheduler.policy import (
-    NORMAL,
-    REQUEST_STAGES,
-    URGENT,
-    AudioRequest,
-    FrameRequest,
-    PrefillRequest,
-    Request,
-    TalkerPrefillRequest,
-    TokenRequest,
-)
+from ..scheduler.policy import NORMAL, REQUEST_STAGES, URGENT
 from ..scheduler.slots import Slot, SlotPool, estimated_slot_bytes, slot_count
+from ..scheduler.stages import StageRunner
 from ..scheduler.worker import Worker
 from ..step import audio_input, vision_input
-from ..step.answer import Answer, speak, tick
-from ..step.graphs import batch_sizes, to_device
+from ..step.answer import Answer, tick
+from ..step.graphs import batch_sizes
+from ..step.talker_inputs import TalkerInputs
 from ..step.tools import ToolRuntime
 from ..step.turn_scoring import TurnScoring, end_of_turn_mode
-from .context import CallContext, TokenIds
+from .context import CallContext
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WARM_CAMERA = (288, 384)  # height, width: 640x480 scaled to fit the server's default video_max_side (384)
-# a round's stages, in order
 
 
 class Engine:
@@ -75,15 +67,8 @@ class Engine:
         self.ready = False
         self.end_of_turn = end_of_turn_mode(options.end_of_turn, self.device)
         self.turn_scoring: TurnScoring | None = None  # Smart Turn on this device, once warm (score_turn)
-        self.tts: dict[str, torch.Tensor] = {}
         with torch.inference_mode():
-            if self.speech:
-                special = torch.tensor([[self.ids.tts_bos, self.ids.tts_eos, self.ids.tts_pad]], device=self.device)
-                bos, eos, pad = self.project_text(self.model.thinker.get_input_embeddings()(special)).chunk(3, dim=1)
-                self.tts = {"bos": bos, "eos": eos, "pad": pad}
-                codec_bos = torch.tensor([[self.model.config.talker_config.codec_bos_id]], device=self.device)
-                self.codec_bos = self.model.talker.get_input_embeddings()(codec_bos)  # [1, 1, hidden]
-            self._answer_prefixes: dict[str, torch.Tensor] = {}  # voice -> `answer_prefix`
+            self.talker_inputs = TalkerInputs(self.model, self.ids, self.device) if self.speech else None
             started = time.perf_counter()
             self.pool = SlotPool(self, slot_count(self, options.max_sessions))
             defaults = SessionOptions()
@@ -93,7 +78,8 @@ class Engine:
         # (a GPU engine's worker thread runs only small CPU ops: inputs to copy over; with torch's default of one
         # thread per core, a second of log-mel, then made on the CPU, took 12.9 ms P90 instead of 0.75 ms while 12
         # other busy processes shared the cores, H200 machine)
-        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.run_requests,
+        self.run_stage = StageRunner(self.pool, lambda stretches: self.audio_encoder(self.log_mel.many(stretches)))
+        self._worker = Worker(f"rtc-agent-{self.device}", lambda answers: tick(self.pool, answers), self.run_stage,
                               lambda request: REQUEST_STAGES.index(type(request)), threads=options.cpu_threads)
 
     @classmethod
@@ -120,58 +106,6 @@ class Engine:
     def memory(self) -> MemoryUse | None:
         """GPU memory in use now (memory.py says what counts); None on a CPU."""
         return read_memory(self.device)
-
-    def project_text(self, embeds: torch.Tensor) -> torch.Tensor:
-        """Thinker token embeddings → the Talker's text input (`text_projection`)."""
-        return self.model.talker.text_projection(embeds)
-
-    def text_input(self, ids: list[list[int]]) -> torch.Tensor:
-        """The Talker's text-side input for rows of Thinker tokens: text_projection of their embeddings
-        [rows, T, hidden]."""
-        lm = self.model.thinker.model.language_model
-        return self.project_text(lm.embed_tokens(to_device(torch.tensor(ids), self.device)))
-
-    def run_requests(self, requests: list[Request]) -> list[Any]:
-        """A stage of the worker's round, results in order: every stretch of audio in one pass of the audio
-        encoder, or every Thinker prefill in one batched step, or every answer's first token in one draw, or every
-        Talker prefill in one batched step, or every prepared answer's first frame in one batched step (each
-        session has at most one request in a stage; the worker runs them in `REQUEST_STAGES` order)."""
-        results: list[Any] = [None] * len(requests)
-        kinds = [(AudioRequest, self._encode), (PrefillRequest, self.pool.prefill),
-                 (TokenRequest, self.pool.first_tokens)]
-        if self.pool.talker is not None:
-            kinds += [(TalkerPrefillRequest, self.pool.talker.prefill), (FrameRequest, self._first_frames)]
-        for kind, run in kinds:
-            index = [i for i, r in enumerate(requests) if isinstance(r, kind)]
-            if index:
-                for i, result in zip(index, run([requests[i] for i in index])):
-                    results[i] = result
-        return results
-
-    def _first_frames(self, requests: list[FrameRequest]) -> list[None]:
-        speak(self.pool, [r.answer for r in requests], first=True)
-        return [None] * len(requests)
-
-    def _encode(self, requests: list[AudioRequest]) -> list[torch.Tensor]:
-        return self.audio_encoder(self.log_mel.many([r.samples for r in requests]))
-
-    def speaker_id(self, voice: str) -> int:
-        return self.model.config.talker_config.speaker_id[voice]
-
-    def answer_prefix(self, voice: str) -> torch.Tensor:
-        """The Talker's input at the first 8 positions of every spoken answer in `voice` [1, 8, hidden], made once
-        per voice. Text side: the assistant header's 3 ids (through text_projection), 4 x tts_pad, tts_bos. Codec
-        side: zeros under the header, then nothink, think_bos, think_eos, the speaker, codec_pad. The 9th position,
-        the answer's first text token over codec_bos, comes with the token (`SlotPool.first_tokens`)."""
-        if voice not in self._answer_prefixes:
-            cfg, i = self.model.config.talker_config, self.ids
-            text = torch.cat((self.text_input([[i.im_start, i.assistant, i.newline]]), self.tts["pad"].expand(1, 4, -1),
-                              self.tts["bos"]), dim=1)
-            codec_ids = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, self.speaker_id(voice),
-                         cfg.codec_pad_id]
-            codec = self.model.talker.get_input_embeddings()(to_device(torch.tensor([codec_ids]), self.device))
-            self._answer_prefixes[voice] = text + torch.cat((text.new_zeros(1, 3, text.shape[-1]), codec), dim=1)
-        return self._answer_prefixes[voice]
 
     async def run(self, fn: Callable[..., T], *args, urgent: bool = False, key: Any = None) -> T:
         """Run `fn(*args)` on the worker thread, under inference mode; `urgent` jobs go first. `key`: the session

@@ -271,7 +271,7 @@ def _next_talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], cod
     """Queue the Talker step after the frame of `codes` for the answers `going` on: its text input is the Thinker
     token queued for `ahead` (read here), or tts_eos once the text has ended, then tts_pad; none for an answer whose
     frame was its `last`. Returns the transcript's deltas, by row."""
-    core = going[0].context.core
+    inputs = pool.core.talker_inputs
     tokens = pool.tokens() if ahead else []
     texts: dict[int, torch.Tensor | int] = {}  # row -> the Talker's text input: a token, or tts_eos / tts_pad
     deltas: dict[int, TextDelta] = {}
@@ -289,7 +289,7 @@ def _next_talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], cod
             elif not a.thinker_done:
                 a.thinker_done = len(a.tokens) >= a.options.max_answer_tokens
         if not last[a.row] and a.row not in texts:
-            texts[a.row] = core.tts["eos"] if a.text_after_end == 0 else core.tts["pad"]
+            texts[a.row] = inputs.tts["eos"] if a.text_after_end == 0 else inputs.tts["pad"]
             a.text_after_end += 1
     if texts:
         _talker_step(pool, rows, members, codes, texts, sampling)
@@ -347,10 +347,10 @@ def _draws(members: dict[int, Answer], rows: int, name: str) -> list[torch.Gener
 def _talker_step(pool: SlotPool, rows: int, members: dict[int, Answer], codes: torch.Tensor,
                  texts: dict[int, torch.Tensor | int], sampling: Sampling) -> None:
     """The next Talker step of the rows in `texts` (the others sit it out)."""
-    talker, core = pool.talker, next(iter(members.values())).context.core
+    talker, inputs = pool.talker, pool.core.talker_inputs
     token_rows = [r for r, t in texts.items() if isinstance(t, int)]
-    projected = dict(zip(token_rows, core.text_input([[texts[r]] for r in token_rows]))) if token_rows else {}
-    blank = core.tts["pad"].new_zeros(1, 1, core.tts["pad"].shape[-1])
+    projected = dict(zip(token_rows, inputs.text_input([[texts[r]] for r in token_rows]))) if token_rows else {}
+    blank = inputs.tts["pad"].new_zeros(1, 1, inputs.tts["pad"].shape[-1])
     text = torch.cat([projected[r][None] if r in projected else texts.get(r, blank) for r in range(rows)])
     stepping = {r: a for r, a in members.items() if r in texts}
     noise = gumbel_rows(_draws(stepping, rows, "talker_sampling"), talker.vocab, talker.device)
