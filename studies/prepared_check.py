@@ -1,7 +1,7 @@
 """A prepared answer against the same turn answered at its end, on the device the engine finds (a GPU: CUDA graphs,
 the side stream, the first frame made in the preparation), and a preparation undone by more speech against a turn
-never paused. tests/test_engine_prepare.py checks the same on the CPU; the tiny model does not load on CUDA, so on
-a GPU this runs a full-size synthetic model. Prints each answer's tokens and digests of its frames' codes and
+never paused. tests/offline/test_engine_prepare.py checks the same on the CPU; the tiny model does not load on CUDA,
+so on a GPU this runs a full-size synthetic model. Prints each answer's tokens and digests of its frames' codes and
 samples (two versions of the code can be compared by them too), then whether the pairs are equal.
 
     python3 -m studies.prepared_check [--model synthetic:30b-a3b]

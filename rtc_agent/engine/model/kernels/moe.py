@@ -27,7 +27,7 @@ about 16 rows a step's pairs spread over most experts, and grouped.py reads each
 all its pairs where these kernels read them once per pair. The CPU calls the library's forward unchanged. With
 INT4 experts (int4.py) the same kernels read the packed weights (`QUANT`).
 `experts_torch` is the experts' math in plain PyTorch (gather + bmm), a reference for the CPU test; the Triton
-kernels themselves are tested on the CPU under Triton's interpreter (tests/test_moe.py).
+kernels themselves are tested on the CPU under Triton's interpreter (tests/offline/test_moe.py).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ step of the input dtype, most elements bit-identical.
 Where: `install(model)` patches the RMSNorm modules' `forward`; the kernel runs on CUDA with Triton present and a
 contiguous input; the CPU and anything else call the library's forward unchanged. `rms_norm_torch` is the same
 math in plain PyTorch (the reference for the CPU test); the kernel itself is tested on the CPU under Triton's
-interpreter (tests/test_norm.py). `torch.nn.functional.rms_norm` is not used: with a weight it rounds once
+interpreter (tests/offline/test_norm.py). `torch.nn.functional.rms_norm` is not used: with a weight it rounds once
 (x * rstd * weight in fp32), not twice as the library does (measured in docs/performance.md).
 """
 from __future__ import annotations

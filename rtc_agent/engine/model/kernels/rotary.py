@@ -18,8 +18,8 @@ fp32 sum of squares, summed in another order, moves a value across a rounding bo
 Where: `install(model)` patches the attention modules' `forward`; the kernel runs only for a graph-mode forward
 (the cache's slots come from a device tensor: the CUDA-graphed decode steps and padded prefills) on CUDA with
 Triton present. Eager prefills, the CPU and stock `generate` call the library's forward unchanged.
-`rotary_torch` is the library's math in plain PyTorch (the reference of the CPU test, tests/test_rotary.py, which
-runs the kernel itself under Triton's interpreter).
+`rotary_torch` is the library's math in plain PyTorch (the reference of the CPU test,
+tests/offline/test_rotary.py, which runs the kernel itself under Triton's interpreter).
 """
 from __future__ import annotations
 

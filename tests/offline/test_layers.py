@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "rtc_agent"
+PACKAGE = Path(__file__).resolve().parents[2] / "rtc_agent"
 ENGINE = PACKAGE / "engine"
 OUTSIDE_THE_ENGINE = ("rtc_agent.media", "rtc_agent.server", "rtc_agent.client", "rtc_agent.conversation")
 
