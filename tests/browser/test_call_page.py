@@ -10,7 +10,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from browser_harness import DESKTOP, INSECURE_HOST, PHONE, Server, dump, metric
@@ -449,28 +449,6 @@ def test_kiosk_shows_the_caption_line(new_page: Callable[..., Any], asking_brows
     assert not page.locator("#log").is_visible()
 
 
-def test_captions_setting_without_a_recogniser(new_page: Callable[..., Any], start_server: Callable[..., Server]
-                                               ) -> None:
-    """A server that makes no captions (/api/config says null): the setting is off, cannot be turned on, and says
-    why; its calls have none."""
-    server = start_server(18120, "--transcription", "off")
-    page = new_page(DESKTOP)
-    page.goto(server.url + "/?mode=call")
-    page.get_by_role("button", name="Settings").last.click()
-    box = page.get_by_label("Show captions of my words")
-    wait(page, "document.getElementById('captions').disabled", 10)  # once /api/config is in
-    assert not box.is_checked()
-    help_text = page.locator("#captions-help")
-    assert help_text.is_visible() and "no captions" in help_text.inner_text()
-    assert box.get_attribute("aria-describedby") == "captions-help"
-    page.get_by_role("button", name="Apply").click()
-    assert app(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).captions") is True  # (saved)
-    page.get_by_role("button", name="Start call").click()
-    wait(page, CONNECTED, 20)
-    wait(page, "rtcAgent.sessionInfo && rtcAgent.sessionInfo.input_audio_transcription === null", 10)
-    page.get_by_role("button", name="Hang up").click()
-
-
 def test_turn_setting_and_the_tiny_model_note(new_page: Callable[..., Any], server: Server) -> None:
     page = new_page(DESKTOP)
     page.goto(server.url + "/?mode=call")
@@ -555,28 +533,6 @@ def test_full_server_and_token(new_page: Callable[..., Any], start_server: Calla
     assert TOKEN not in server.log_text()
 
 
-def test_text_mode_shows_the_written_answer(new_page: Callable[..., Any], start_server: Callable[..., Server],
-                                           artifacts: Path) -> None:
-    server = start_server(18110, "--no-talker")
-    page = new_page(DESKTOP)
-    page.goto(server.url + "/?mode=call")
-    note = page.locator("#text-mode-note")
-    note.wait_for(state="visible")  # the page says so before the call: /api/config's output_modalities
-    assert "Text mode" in note.inner_text() and "answers in writing" in note.inner_text()
-    page.get_by_role("button", name="Start call").click()
-    wait(page, CONNECTED, 20)
-    wait(page, "rtcAgent.turns.length >= 1", 40)
-    turn = app(page, "rtcAgent.turns[0]")
-    shown = page.locator("li.agent .text").first.inner_text()
-    shot(page, artifacts, "call-desktop-text-mode")
-    page.get_by_role("button", name="Hang up").click()
-    assert turn["text"].strip() and turn["frames"] == 0 and shown == turn["text"].strip()
-    assert app(page, "rtcAgent.textMode && document.documentElement.dataset.output === 'text'")
-    assert app(page, "rtcAgent.events.includes('response.output_text.delta')")
-    assert "first text" in page.locator("li.agent .meta").first.inner_text()
-    assert MS.match(page.locator("#lat-text").inner_text())  # the latency chip shows the time to the first text
-
-
 def test_kiosk_reconnects_after_the_server_restarts(new_page: Callable[..., Any],
                                                     start_server: Callable[..., Server], artifacts: Path) -> None:
     server = start_server(18082)
@@ -633,3 +589,58 @@ def test_screenshots(new_page: Callable[..., Any], server: Server, artifacts: Pa
         time.sleep(0.3)
         shot(page, artifacts, f"{mode}-{size}-settings")
         page.keyboard.press("Escape")
+
+
+# ---- a server without the Talker and without captions: the last tests of the file, so that it runs beside the
+# shared server only (each server is four processes of 0.8-1.3 GB)
+@pytest.fixture(scope="module")
+def text_server(servers: Any) -> Iterator[Server]:
+    """`--no-talker --transcription off`: it answers in writing and makes no captions, for the tests of either (one
+    start of a server instead of two: 15-25 s each here)."""
+    log = servers.artifacts / "browser" / "server-18110.log"
+    log.unlink(missing_ok=True)
+    server = Server(servers.net, 18110, log, "--no-talker", "--transcription", "off").start()
+    yield server
+    server.stop()
+
+
+def test_captions_setting_without_a_recogniser(new_page: Callable[..., Any], text_server: Server) -> None:
+    """A server that makes no captions (/api/config says null): the setting is off, cannot be turned on, and says
+    why; its calls have none."""
+    server = text_server
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call")
+    page.get_by_role("button", name="Settings").last.click()
+    box = page.get_by_label("Show captions of my words")
+    wait(page, "document.getElementById('captions').disabled", 10)  # once /api/config is in
+    assert not box.is_checked()
+    help_text = page.locator("#captions-help")
+    assert help_text.is_visible() and "no captions" in help_text.inner_text()
+    assert box.get_attribute("aria-describedby") == "captions-help"
+    page.get_by_role("button", name="Apply").click()
+    assert app(page, "JSON.parse(localStorage.getItem('rtc-agent.settings')).captions") is True  # (saved)
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.sessionInfo && rtcAgent.sessionInfo.input_audio_transcription === null", 10)
+    page.get_by_role("button", name="Hang up").click()
+
+
+def test_text_mode_shows_the_written_answer(new_page: Callable[..., Any], text_server: Server, artifacts: Path) -> None:
+    server = text_server
+    page = new_page(DESKTOP)
+    page.goto(server.url + "/?mode=call")
+    note = page.locator("#text-mode-note")
+    note.wait_for(state="visible")  # the page says so before the call: /api/config's output_modalities
+    assert "Text mode" in note.inner_text() and "answers in writing" in note.inner_text()
+    page.get_by_role("button", name="Start call").click()
+    wait(page, CONNECTED, 20)
+    wait(page, "rtcAgent.turns.length >= 1", 40)
+    turn = app(page, "rtcAgent.turns[0]")
+    shown = page.locator("li.agent .text").first.inner_text()
+    shot(page, artifacts, "call-desktop-text-mode")
+    page.get_by_role("button", name="Hang up").click()
+    assert turn["text"].strip() and turn["frames"] == 0 and shown == turn["text"].strip()
+    assert app(page, "rtcAgent.textMode && document.documentElement.dataset.output === 'text'")
+    assert app(page, "rtcAgent.events.includes('response.output_text.delta')")
+    assert "first text" in page.locator("li.agent .meta").first.inner_text()
+    assert MS.match(page.locator("#lat-text").inner_text())  # the latency chip shows the time to the first text
