@@ -19,12 +19,12 @@ class StageRunner:
     session has at most one request in a stage; the worker runs them in `REQUEST_STAGES` order)."""
 
     def __init__(self, pool: SlotPool, encode_audio: Callable[[list[np.ndarray]], list[torch.Tensor]]) -> None:
+        self.pool = pool
+        self.encode_audio = encode_audio
         self.kinds: list[tuple[type, Callable[[list[Any]], list[Any]]]] = [
-            (AudioRequest, lambda requests: encode_audio([r.samples for r in requests])),
-            (PrefillRequest, pool.prefill), (TokenRequest, pool.first_tokens)]
+            (AudioRequest, self._encode), (PrefillRequest, pool.prefill), (TokenRequest, pool.first_tokens)]
         if pool.talker is not None:
-            self.kinds += [(TalkerPrefillRequest, pool.talker.prefill),
-                           (FrameRequest, lambda requests: self._first_frames(pool, requests))]
+            self.kinds += [(TalkerPrefillRequest, pool.talker.prefill), (FrameRequest, self._first_frames)]
 
     def __call__(self, requests: list[Request]) -> list[Any]:
         results: list[Any] = [None] * len(requests)
@@ -35,7 +35,9 @@ class StageRunner:
                     results[i] = result
         return results
 
-    @staticmethod
-    def _first_frames(pool: SlotPool, requests: list[FrameRequest]) -> list[None]:
-        speak(pool, [r.answer for r in requests], first=True)
+    def _encode(self, requests: list[AudioRequest]) -> list[torch.Tensor]:
+        return self.encode_audio([r.samples for r in requests])
+
+    def _first_frames(self, requests: list[FrameRequest]) -> list[None]:
+        speak(self.pool, [r.answer for r in requests], first=True)
         return [None] * len(requests)

@@ -16,8 +16,8 @@ import torch
 from ..errors import TurnTooLongError
 from ..events import INPUT_SAMPLE_RATE, Event
 from ..model.memory import release_cached
-from ..model.token_ids import TokenIds
 from ..model.stack import explicit_positions
+from ..model.token_ids import TokenIds
 from ..options import SessionOptions
 from ..scheduler.policy import AudioRequest, FrameRequest, PrefillRequest, Request, TokenRequest
 from ..scheduler.slots import Slot

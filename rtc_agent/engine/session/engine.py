@@ -23,8 +23,8 @@ from ..errors import EngineFullError
 from ..events import INPUT_SAMPLE_RATE, Event, ResponseDone, SpeechFrame
 from ..model.kernels import attention, moe, norm, rotary
 from ..model.loader import LoadedModel, load
-from ..model.token_ids import TokenIds
 from ..model.memory import EngineOutOfMemory, MemoryUse, read_memory
+from ..model.token_ids import TokenIds
 from ..options import EngineOptions, SessionOptions
 from ..scheduler.policy import NORMAL, REQUEST_STAGES, URGENT
 from ..scheduler.slots import Slot, SlotPool, estimated_slot_bytes, slot_count
