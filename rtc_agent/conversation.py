@@ -179,6 +179,8 @@ class Conversation:
         self._ids = itertools.count(1)
         self._call_ids: dict[str, bool] = {}  # the calls the answers made: whether each has its output yet
         self._ops: asyncio.Queue[EngineCall] = asyncio.Queue()
+        self._urgent_queued = 0  # preparations and answers in `_ops`: an audio push waiting for room gives way
+        self._urgent_came = asyncio.Event()
         self._pushes: list[asyncio.Task[None]] = []  # audio pushes on their way to the engine
         self._worker: asyncio.Task[None] | None = asyncio.create_task(self._work(), name="conversation-worker")
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -224,7 +226,7 @@ class Conversation:
             if self._turn_confirmed and self._detector.silence_run_ms // CHUNK_MS == self._prepare_after_ms // CHUNK_MS:
                 # the turn may be ending: the engine makes the answer ready (the call's audio still queued there
                 # becomes as urgent, so that the preparation does not wait for it behind other calls' work)
-                self._ops.put_nowait(PrepareAnswer(time.monotonic()))
+                self._queue_urgent(PrepareAnswer(time.monotonic()))
                 self._paused = []
         else:
             self._unpushed.append(chunk)
@@ -341,7 +343,7 @@ class Conversation:
         if committed is not None:
             self._emit(committed)
         self._emit(said.ResponseCreated(answer.id, answer.text_only))
-        self._ops.put_nowait(answer)
+        self._queue_urgent(answer)
 
     # ---- client requests ----------------------------------------------------------------------------------
     def commit(self, respond: bool = True) -> None:
@@ -642,14 +644,15 @@ class Conversation:
     async def _work(self) -> None:
         following: EngineCall | None = None
         while True:
-            call = following or await self._ops.get()
+            call = following or self._taken(await self._ops.get())
             following = None
             try:
                 match call:
                     case Audio():  # audio queued up back to back, with no gap, goes to the engine in one call
+                        await self._room_for_push()
                         run = [call]
                         while following is None and not self._ops.empty():
-                            following = self._ops.get_nowait()
+                            following = self._taken(self._ops.get_nowait())
                             if isinstance(following, Audio) and following.at_ms == run[-1].end_ms:
                                 run.append(following)
                                 following = None
@@ -680,12 +683,34 @@ class Conversation:
         log.exception("engine call %s failed", name, exc_info=exc)
         self._emit(said.Error(_error_code(exc), str(exc) or type(exc).__name__))
 
+    def _queue_urgent(self, op: PrepareAnswer | Answer) -> None:
+        self._urgent_queued += 1
+        self._urgent_came.set()
+        self._ops.put_nowait(op)
+
+    def _taken(self, op: EngineCall) -> EngineCall:
+        """`op`, just taken from `_ops`."""
+        if isinstance(op, (PrepareAnswer, Answer)):
+            self._urgent_queued -= 1
+        return op
+
+    async def _room_for_push(self) -> None:
+        """Wait while MAX_PUSHES_IN_FLIGHT audio pushes are in flight (the audio that comes meanwhile then goes in
+        one push), but not once a preparation or an answer is queued: it goes to the engine at once, which makes
+        the session's audio still waiting there as urgent. (With 48 callers at once on an H200, the pushes waited
+        250-535 ms in the engine behind the other calls' rounds and steps, and the preparations here behind them:
+        server first packet P50 610 ms against 118 in the next load, `studies/worker_trace.py`.)"""
+        while len(self._pushes) >= MAX_PUSHES_IN_FLIGHT and not self._urgent_queued:
+            self._urgent_came.clear()
+            came = asyncio.ensure_future(self._urgent_came.wait())
+            try:
+                await asyncio.wait([self._pushes[0], came], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                came.cancel()
+
     async def _push_audio(self, samples: np.ndarray, at: float, urgent: bool) -> None:
         """Send caller audio to the engine without waiting for it to be taken in (`_call_on`): a preparation queued
-        behind it goes out at once instead of after its reply. At most MAX_PUSHES_IN_FLIGHT at a time; beyond
-        that this waits for the oldest, and the audio that comes meanwhile goes in one push."""
-        while len(self._pushes) >= MAX_PUSHES_IN_FLIGHT:
-            await asyncio.wait(self._pushes[:1])
+        behind it goes out at once instead of after its reply (`_room_for_push` bounds the pushes in flight)."""
         started = time.monotonic()
 
         def pushed() -> None:

@@ -5,6 +5,7 @@ start, a pause shorter than the hang-over, push-to-talk."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from rtc_support import CALL_TOKENS, TOOLS, RecordingSession, engine, run, valid_call
 
 from rtc_agent.config import TurnSettings
-from rtc_agent.conversation import Conversation, ConversationError, State
+from rtc_agent.conversation import MAX_PUSHES_IN_FLIGHT, Conversation, ConversationError, State
 from rtc_agent.engine import SessionOptions
 from rtc_agent.engine.step.tools import Tool, ToolSet
 from rtc_agent.media.end_of_turn import EndOfTurnModel, EndOfTurnScorer
@@ -139,6 +140,41 @@ def test_the_audio_just_before_a_preparation_goes_to_the_engine_as_urgent() -> N
             assert conv.session.urgent_audio == [0.0, pytest.approx(26 * CHUNK_MS / 1000)]  # the 5 chunks of silence
             assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 31 * CHUNK_MS / 1000))]
         finally:
+            player.cancel()
+            await conv.close()
+
+    run(main())
+
+
+def test_a_pause_asks_for_the_preparation_while_the_engine_has_not_taken_the_audio_in() -> None:
+    """The engine's worker is busy (many callers at once): the call's audio pushes wait there, and the
+    conversation, at MAX_PUSHES_IN_FLIGHT, waits for room before it pushes more. The caller's pause still asks for
+    the answer's preparation at once and the turn's end for the answer (the engine runs a session's calls in order,
+    and makes its queued audio as urgent as the preparation); the answer then comes as usual."""
+    rng = np.random.default_rng(2)
+
+    async def main() -> None:
+        conv, script, events, player = await started()
+        hold = contextlib.ExitStack()
+        hold.enter_context(conv.session.session.engine._worker.held())
+        try:
+            script.p = 0.9
+            for _ in range(12):  # each chunk its own push: the engine takes none of them in
+                conv.feed((rng.standard_normal(CHUNK_SAMPLES) * 0.1).astype(np.float32))
+                await asyncio.sleep(0.01)
+            calls = conv.session.calls
+            assert calls.count("push") == MAX_PUSHES_IN_FLIGHT and "pushed" not in calls
+            script.p = 0.1
+            for _ in range(12):
+                conv.feed((rng.standard_normal(CHUNK_SAMPLES) * 0.001).astype(np.float32))
+                await asyncio.sleep(0.01)
+            assert "prepare" in calls and "respond" in calls and "pushed" not in calls
+            hold.close()
+            done = (await until(events, "response.done"))["response"]
+            assert done["status"] == "incomplete" and done["metrics"]["frames_sent"] == 6
+            assert audio_runs(conv.session.pushed) == [pytest.approx((0.0, 17 * CHUNK_MS / 1000))]
+        finally:
+            hold.close()
             player.cancel()
             await conv.close()
 
