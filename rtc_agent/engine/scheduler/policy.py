@@ -38,11 +38,6 @@ JOB_SLICE_S = 0.01  # job time between two steps even when an answer is close to
 # the H200, more than the 80 ms of lead an answer has after its first frame. Two answers that started just before
 # such a round were 18 ms late (a server's first burst of 24, `studies/device_loadtest.sh`).
 CRITICAL_LEAD_S = 0.05
-# A job that joins a round (a turn end a few ms after the round's first) catches up with it, its earlier stages run
-# for it alone, within this time of the round's start; later ones wait for the next round. 24 turn ends over 42 ms:
-# with one catch-up only, 22 of them waited for the next round (first frames 170 against 104 ms after the first
-# ask); 48 over 100-270 ms with no bound: the round stayed at its first stage for 8-9 passes, 100-160 ms.
-CATCH_UP_S = 0.03
 PREPARE_AFTER_SILENCE_MS = 160  # a call server prepares the answer after a pause this long (commas pause 96-160 ms)
 
 
