@@ -163,36 +163,6 @@ def test_an_urgent_job_that_comes_during_a_round_catches_up_with_it():
     assert log == ["round a0", "round b0", "round a1 b1", "round a2 b2"], log
 
 
-def test_jobs_that_keep_joining_a_round_catch_up_once_and_the_rest_wait_for_the_next_round():
-    """Turn ends that trickle in, one during each pass of a round: the first to join catches up with the round (one
-    pass behind its stage), the later ones wait for the next round, so the round's own jobs are not held at their
-    stage pass after pass (48 callers whose speech ends spread over 100-270 ms)."""
-    log: list[str] = []
-    worker: Worker
-    names = iter("bcdef")
-
-    def run_requests(requests: list[str]) -> list[str]:
-        log.append("round " + " ".join(requests))
-        name = next(names, None)
-        if name is not None:
-            jobs.append(worker.submit(lambda: _staged(name, [0, 1, 2]), URGENT, key=name))
-        return requests
-
-    jobs: list = []
-    worker = Worker("test-worker", lambda answers: None, run_requests, stage_of=lambda request: int(request[-1]))
-    try:
-        jobs.append(worker.submit(lambda: _staged("a", [0, 1, 2]), URGENT, key="a"))
-        assert jobs[0].result(5) == "a"
-        for _ in range(500):  # (the last one is submitted from a round of its own)
-            if len(jobs) == 6:
-                break
-            time.sleep(0.01)
-        assert [job.result(5) for job in jobs[1:]] == list("bcdef")
-    finally:
-        worker.close()
-    assert log[:5] == ["round a0", "round b0", "round a1 b1", "round a2 b2", "round c0 d0 e0"], log
-
-
 def test_a_sessions_next_urgent_job_starts_as_soon_as_its_job_in_the_round_is_done():
     """An answer asked for while its preparation runs the round's last stage starts right after that session's
     preparation ends, before the other sessions of the stage are resumed, not at the round's end."""

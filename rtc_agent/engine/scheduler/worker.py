@@ -334,24 +334,19 @@ class Worker:
         speaking, each step that came between them cost a preparation 55-70 ms of GPU time on the H200), unless an
         answer that is playing would otherwise run out of speech before the round's end (CRITICAL_LEAD_S).
 
-        Jobs that join during a round (urgent ones, between two sessions' resumptions) catch up once: the jobs that
-        joined before the round's first pass behind its stage run their first request in that pass, even where its
-        stage is earlier than the round's, and from the round's stage on they go with it. In a burst of 24 turn
-        ends whose audio came over 20 ms, the round started by the first 2 held the other 22 for its whole length
-        (65 ms on the H200) before their own round could start. Those that join later wait for the next round:
-        with 48 turn ends trickling in over 100-270 ms, catching each of them up kept the round at its first stage
-        for 8-9 passes, 100-160 ms, while the first ones waited at the next (`studies/worker_trace.py --bursts`)."""
+        Jobs that join during a round (urgent ones, between two sessions' resumptions) catch up: their first
+        request runs even where its stage is earlier than the round's, and from the round's stage on they go with
+        it. In a burst of 24 turn ends whose audio came over 20 ms, the round started by the first 2 held the other
+        22 for its whole length (65 ms on the H200) before their own round could start."""
         done, ran = -1, set()  # the last stage run; the jobs that have run a stage in this round (their `order`)
-        caught_up = False  # whether a pass behind the round's stage ran (for the jobs that joined)
         while True:
             stages = {key: self._stage_of(entry.request) for key, entry in waiting.items()}
             ready = {key: stage for key, stage in stages.items()
-                     if stage > done or (waiting[key].job.order not in ran and not caught_up)}
+                     if stage > done or waiting[key].job.order not in ran}
             if not ready:
                 return
             if done >= 0 and self._running_short():  # (one step at most between two stages: the round goes on)
                 self._step_answers()
-            caught_up = caught_up or min(ready.values()) <= done
             done = min(ready.values())
             entries = [waiting.pop(key) for key, stage in ready.items() if stage == done]
             ran.update(entry.job.order for entry in entries)
